@@ -1,0 +1,150 @@
+"""Streaming synthesis: one sentence -> audio chunks that join into exactly the one-shot audio.
+
+Per sentence the text encoder, the duration predictor and the prior sampling run once (they
+are cheap and need the whole sentence). The flow and the generator, where the time goes,
+then run over windows of latent frames. Each window is widened by the receptive field of
+both (the flow's +-32 frames feeding the generator's +-12), and only its centre is kept, so
+the joined chunks equal one-shot decoding: there is nothing to cross-fade and no click.
+A small first window makes the first audio early; later windows grow so that the
+overlap costs little.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from .phonemize import phoneme_ids, phonemize
+from .voice import Voice
+
+_threads_lock = threading.Lock()
+
+
+def set_threads(n: int) -> None:
+    """Intra-op threads for every synthesis in this process (torch's setting is global)."""
+    with _threads_lock:
+        if n > 0 and torch.get_num_threads() != n:
+            torch.set_num_threads(n)
+
+
+@dataclass(frozen=True)
+class SynthesisOptions:
+    """Per-request controls. None means: the voice's own default."""
+
+    length_scale: float | None = None  # > 1 is slower
+    noise_scale: float | None = None
+    noise_w: float | None = None
+    speaker: str | int | None = None
+    gain: float = 1.0  # fixed output gain; replaces Piper's per-sentence peak normalisation
+    seed: int | None = None  # fixes the sampling noise (tests, reproducible output)
+    sentence_silence: float = 0.0  # seconds of silence after each sentence
+
+    def with_defaults(self, voice: Voice) -> SynthesisOptions:
+        c = voice.config
+        return replace(
+            self,
+            length_scale=c.length_scale if self.length_scale is None else self.length_scale,
+            noise_scale=c.noise_scale if self.noise_scale is None else self.noise_scale,
+            noise_w=c.noise_w if self.noise_w is None else self.noise_w,
+        )
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    samples: np.ndarray  # float32 in [-1, 1], mono, at the voice's rate
+    sentence: int  # index of the sentence this chunk belongs to
+    last_in_sentence: bool
+
+
+class Synthesizer:
+    """Streams one voice. Not thread-safe per call, but holds no per-call state."""
+
+    def __init__(self, voice: Voice, first_window: int = 8, max_window: int = 128) -> None:
+        self.voice = voice
+        self.model = voice.model
+        self.hop = voice.model.config.hop_length
+        self.first_window = first_window
+        self.max_window = max_window
+        self.flow_context = self.model.flow.receptive_field
+        self.dec_context = self.model.dec.receptive_field
+
+    @property
+    def sample_rate(self) -> int:
+        return self.voice.config.sample_rate
+
+    def sentences(self, text: str) -> list[list[int]]:
+        """Phoneme ids of each sentence espeak-ng finds in ``text``."""
+        c = self.voice.config
+        return [phoneme_ids(p, c.phoneme_id_map)
+                for p in phonemize(text, c.espeak_voice, c.vowel_clusters)]
+
+    def stream(self, text: str, options: SynthesisOptions = SynthesisOptions()
+               ) -> Iterator[AudioChunk]:
+        opts = options.with_defaults(self.voice)
+        generator = torch.Generator().manual_seed(opts.seed) if opts.seed is not None else None
+        for index, ids in enumerate(self.sentences(text)):
+            for samples, last in self.stream_ids(ids, opts, generator):
+                yield AudioChunk(samples, index, last)
+            if opts.sentence_silence > 0:
+                silence = np.zeros(int(opts.sentence_silence * self.sample_rate), np.float32)
+                yield AudioChunk(silence, index, True)
+
+    def prior(self, ids: list[int], opts: SynthesisOptions,
+              generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        opts = opts.with_defaults(self.voice)
+        assert opts.noise_scale is not None and opts.length_scale is not None
+        assert opts.noise_w is not None
+        with torch.inference_mode():
+            g = self.model.speaker_embedding(self.voice.speaker_id(opts.speaker))
+            z_p = self.model.prior(torch.tensor([ids], dtype=torch.long), g, opts.noise_scale,
+                                   opts.length_scale, opts.noise_w, generator)
+        return z_p, g
+
+    def stream_ids(self, ids: list[int], opts: SynthesisOptions,
+                   generator: torch.Generator | None = None) -> Iterator[tuple[np.ndarray, bool]]:
+        """Audio of one sentence in chunks; the flag marks the last one."""
+        z_p, g = self.prior(ids, opts, generator)
+        frames = z_p.shape[2]
+        start, size = 0, self.first_window
+        while start < frames:
+            end = min(frames, start + size)
+            # Fold a short tail into this window rather than decode a sliver on its own.
+            if frames - end < self.first_window:
+                end = frames
+            yield self._decode_window(z_p, g, start, end, opts.gain), end == frames
+            start, size = end, min(self.max_window, size * 2)
+
+    def _decode_window(self, z_p: torch.Tensor, g: torch.Tensor | None, start: int, end: int,
+                       gain: float) -> np.ndarray:
+        frames = z_p.shape[2]
+        dc, fc = self.dec_context, self.flow_context
+        d0, d1 = max(0, start - dc), min(frames, end + dc)  # generator input
+        f0, f1 = max(0, d0 - fc), min(frames, d1 + fc)  # flow input
+        with torch.inference_mode():
+            window = z_p[:, :, f0:f1]
+            z = self.model.flow.reverse(window, torch.ones_like(window[:, :1]), g)
+            audio = self.model.dec(z[:, :, d0 - f0 : d1 - f0], g)[0, 0]
+        a = (start - d0) * self.hop
+        out = audio[a : a + (end - start) * self.hop].numpy()
+        return _apply_gain(out, gain)
+
+    def synthesize(self, text: str, options: SynthesisOptions = SynthesisOptions()) -> np.ndarray:
+        """Whole text decoded one sentence at a time in one shot (reference for tests)."""
+        opts = options.with_defaults(self.voice)
+        generator = torch.Generator().manual_seed(opts.seed) if opts.seed is not None else None
+        parts = []
+        for ids in self.sentences(text):
+            z_p, g = self.prior(ids, opts, generator)
+            with torch.inference_mode():
+                parts.append(_apply_gain(self.model.decode(z_p, g)[0, 0].numpy(), opts.gain))
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
+def _apply_gain(samples: np.ndarray, gain: float) -> np.ndarray:
+    if gain != 1.0:
+        samples = samples * gain
+    return np.clip(samples, -1.0, 1.0).astype(np.float32, copy=False)

@@ -1,0 +1,594 @@
+"""The VITS voice model (Kim et al., 2021) as Piper trains and exports it, inference only.
+
+Read top to bottom in the paper's order: text encoder -> duration predictor -> (prior
+sampling, done by the caller) -> residual coupling flow -> HiFi-GAN generator. Submodules are
+named exactly as Piper's checkpoint names them (``enc_p``, ``dp``, ``flow``, ``dec``,
+``emb_g``), so the weights of a ``.onnx`` voice map onto ``state_dict()`` one to one.
+
+Weight normalisation was folded into plain weights at export time, and dropout is gone at
+inference, so neither appears here. Shapes are noted as ``[batch, channels, time]``.
+
+The encoder/duration half runs once per sentence; the flow and the generator are written so
+that they can also run over a window of latent frames (see ``tts.stream``), which is why each
+exposes its receptive field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+LRELU_SLOPE = 0.1
+
+
+@dataclass(frozen=True)
+class VitsConfig:
+    """Hyper-parameters of one voice. Read off the weights' shapes by ``tts.voice``."""
+
+    n_vocab: int = 256  # phoneme id table size
+    hidden_channels: int = 192  # text encoder width (96 for x_low)
+    inter_channels: int = 192  # latent width fed to the flow and generator
+    filter_channels: int = 768  # text encoder feed-forward width
+    n_heads: int = 2
+    n_layers: int = 6  # text encoder layers
+    kernel_size: int = 3  # text encoder feed-forward kernel
+    window_size: int = 4  # relative attention window
+    use_sdp: bool = True  # stochastic duration predictor (else the plain one)
+    dp_filter_channels: int = 256  # plain duration predictor width
+    flow_layers: int = 4  # coupling layers in the flow
+    flow_wn_layers: int = 4  # WaveNet layers in each coupling layer
+    flow_kernel_size: int = 5
+    resblock: str = "2"  # "1" for high quality, "2" otherwise
+    resblock_kernel_sizes: tuple[int, ...] = (3, 5, 7)
+    resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 2), (2, 6), (3, 12))
+    upsample_rates: tuple[int, ...] = (8, 8, 4)
+    upsample_initial_channel: int = 256
+    upsample_kernel_sizes: tuple[int, ...] = (16, 16, 8)
+    n_speakers: int = 1
+    gin_channels: int = 0  # speaker embedding width (0 = single speaker)
+
+    @property
+    def hop_length(self) -> int:
+        """Audio samples per latent frame."""
+        return math.prod(self.upsample_rates)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class LayerNorm(nn.Module):
+    """Layer norm over the channel axis of a ``[b, c, t]`` tensor."""
+
+    def __init__(self, channels: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.channels = channels
+        self.eps = eps
+        self.gamma = nn.Parameter(torch.ones(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.transpose(1, -1)
+        x = F.layer_norm(x, (self.channels,), self.gamma, self.beta, self.eps)
+        return x.transpose(1, -1)
+
+
+def _padding(kernel_size: int, dilation: int = 1) -> int:
+    return (kernel_size * dilation - dilation) // 2
+
+
+# --------------------------------------------------------------------------- text encoder
+
+
+class MultiHeadAttention(nn.Module):
+    """Self-attention with windowed relative position embeddings shared by all heads."""
+
+    def __init__(self, channels: int, n_heads: int, window_size: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.k_channels = channels // n_heads
+        self.window_size = window_size
+        self.conv_q = nn.Conv1d(channels, channels, 1)
+        self.conv_k = nn.Conv1d(channels, channels, 1)
+        self.conv_v = nn.Conv1d(channels, channels, 1)
+        self.conv_o = nn.Conv1d(channels, channels, 1)
+        rel_shape = (1, window_size * 2 + 1, self.k_channels)
+        self.emb_rel_k = nn.Parameter(torch.zeros(rel_shape))
+        self.emb_rel_v = nn.Parameter(torch.zeros(rel_shape))
+
+    def forward(self, x: Tensor, attn_mask: Tensor) -> Tensor:
+        b, d, t = x.shape
+        h, k = self.n_heads, self.k_channels
+        q = self.conv_q(x).view(b, h, k, t).transpose(2, 3)  # [b, h, t, k]
+        key = self.conv_k(x).view(b, h, k, t).transpose(2, 3)
+        v = self.conv_v(x).view(b, h, k, t).transpose(2, 3)
+
+        q = q / math.sqrt(k)
+        scores = q @ key.transpose(-2, -1)  # [b, h, t, t]
+        rel_k = self._relative_embeddings(self.emb_rel_k, t)  # [1, 2t-1, k]
+        rel_logits = q @ rel_k.unsqueeze(0).transpose(-2, -1)  # [b, h, t, 2t-1]
+        scores = scores + _relative_to_absolute(rel_logits)
+        scores = scores.masked_fill(attn_mask == 0, -1e4)
+        p_attn = torch.softmax(scores, dim=-1)
+
+        out = p_attn @ v
+        rel_v = self._relative_embeddings(self.emb_rel_v, t)
+        out = out + _absolute_to_relative(p_attn) @ rel_v.unsqueeze(0)
+        out = out.transpose(2, 3).contiguous().view(b, d, t)
+        return self.conv_o(out)
+
+    def _relative_embeddings(self, emb: Tensor, length: int) -> Tensor:
+        """The ``2*length-1`` relative embeddings a sequence of ``length`` needs."""
+        pad = max(length - (self.window_size + 1), 0)
+        start = max((self.window_size + 1) - length, 0)
+        if pad > 0:
+            emb = F.pad(emb, [0, 0, pad, pad, 0, 0])
+        return emb[:, start : start + 2 * length - 1]
+
+
+def _relative_to_absolute(x: Tensor) -> Tensor:
+    """``[b, h, l, 2l-1]`` relative logits -> ``[b, h, l, l]`` absolute."""
+    b, h, length, _ = x.shape
+    x = F.pad(x, [0, 1])
+    x = F.pad(x.reshape(b, h, length * 2 * length), [0, length - 1])
+    return x.view(b, h, length + 1, 2 * length - 1)[:, :, :length, length - 1 :]
+
+
+def _absolute_to_relative(x: Tensor) -> Tensor:
+    """``[b, h, l, l]`` absolute weights -> ``[b, h, l, 2l-1]`` relative."""
+    b, h, length, _ = x.shape
+    x = F.pad(x, [0, length - 1])
+    x = F.pad(x.reshape(b, h, length * length + length * (length - 1)), [length, 0])
+    return x.view(b, h, length, 2 * length)[:, :, :, 1:]
+
+
+class FFN(nn.Module):
+    def __init__(self, channels: int, filter_channels: int, kernel_size: int) -> None:
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.conv_1 = nn.Conv1d(channels, filter_channels, kernel_size)
+        self.conv_2 = nn.Conv1d(filter_channels, channels, kernel_size)
+
+    def _same(self, x: Tensor) -> Tensor:
+        return F.pad(x, [(self.kernel_size - 1) // 2, self.kernel_size // 2])
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        x = torch.relu(self.conv_1(self._same(x * mask)))
+        return self.conv_2(self._same(x * mask)) * mask
+
+
+class Encoder(nn.Module):
+    def __init__(self, c: VitsConfig) -> None:
+        super().__init__()
+        hc = c.hidden_channels
+        self.attn_layers = nn.ModuleList(
+            MultiHeadAttention(hc, c.n_heads, c.window_size) for _ in range(c.n_layers)
+        )
+        self.norm_layers_1 = nn.ModuleList(LayerNorm(hc) for _ in range(c.n_layers))
+        self.ffn_layers = nn.ModuleList(
+            FFN(hc, c.filter_channels, c.kernel_size) for _ in range(c.n_layers)
+        )
+        self.norm_layers_2 = nn.ModuleList(LayerNorm(hc) for _ in range(c.n_layers))
+
+    def forward(self, x: Tensor, x_mask: Tensor) -> Tensor:
+        attn_mask = x_mask.unsqueeze(2) * x_mask.unsqueeze(-1)
+        x = x * x_mask
+        for attn, norm1, ffn, norm2 in zip(
+            self.attn_layers, self.norm_layers_1, self.ffn_layers, self.norm_layers_2
+        ):
+            x = norm1(x + attn(x, attn_mask))
+            x = norm2(x + ffn(x, x_mask))
+        return x * x_mask
+
+
+class TextEncoder(nn.Module):
+    """Phoneme ids -> prior mean and log-std per phoneme, plus hidden states for durations."""
+
+    def __init__(self, c: VitsConfig) -> None:
+        super().__init__()
+        self.hidden_channels = c.hidden_channels
+        self.inter_channels = c.inter_channels
+        self.emb = nn.Embedding(c.n_vocab, c.hidden_channels)
+        self.encoder = Encoder(c)
+        self.proj = nn.Conv1d(c.hidden_channels, c.inter_channels * 2, 1)
+
+    def forward(self, ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        x = self.emb(ids) * math.sqrt(self.hidden_channels)  # [b, t, h]
+        x = x.transpose(1, -1)  # [b, h, t]
+        x_mask = torch.ones_like(x[:, :1])  # one unpadded sequence
+        x = self.encoder(x, x_mask)
+        m, logs = torch.split(self.proj(x) * x_mask, self.inter_channels, dim=1)
+        return x, m, logs, x_mask
+
+
+# --------------------------------------------------------------------------- durations
+
+
+class DDSConv(nn.Module):
+    """Dilated depth-separable convolutions."""
+
+    def __init__(self, channels: int, kernel_size: int, n_layers: int) -> None:
+        super().__init__()
+        self.convs_sep = nn.ModuleList()
+        self.convs_1x1 = nn.ModuleList()
+        self.norms_1 = nn.ModuleList()
+        self.norms_2 = nn.ModuleList()
+        for i in range(n_layers):
+            dilation = kernel_size**i
+            self.convs_sep.append(
+                nn.Conv1d(
+                    channels,
+                    channels,
+                    kernel_size,
+                    groups=channels,
+                    dilation=dilation,
+                    padding=_padding(kernel_size, dilation),
+                )
+            )
+            self.convs_1x1.append(nn.Conv1d(channels, channels, 1))
+            self.norms_1.append(LayerNorm(channels))
+            self.norms_2.append(LayerNorm(channels))
+
+    def forward(self, x: Tensor, x_mask: Tensor, g: Tensor | None = None) -> Tensor:
+        if g is not None:
+            x = x + g
+        for sep, c1x1, n1, n2 in zip(self.convs_sep, self.convs_1x1, self.norms_1, self.norms_2):
+            y = F.gelu(n1(sep(x * x_mask)))
+            y = F.gelu(n2(c1x1(y)))
+            x = x + y
+        return x * x_mask
+
+
+class ElementwiseAffine(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.m = nn.Parameter(torch.zeros(channels, 1))
+        self.logs = nn.Parameter(torch.zeros(channels, 1))
+
+    def reverse(self, x: Tensor, x_mask: Tensor) -> Tensor:
+        return (x - self.m) * torch.exp(-self.logs) * x_mask
+
+
+class ConvFlow(nn.Module):
+    """Coupling layer whose transform is a monotonic rational-quadratic spline."""
+
+    def __init__(self, filter_channels: int, kernel_size: int, n_layers: int, num_bins: int = 10,
+                 tail_bound: float = 5.0) -> None:
+        super().__init__()
+        self.filter_channels = filter_channels
+        self.num_bins = num_bins
+        self.tail_bound = tail_bound
+        self.pre = nn.Conv1d(1, filter_channels, 1)
+        self.convs = DDSConv(filter_channels, kernel_size, n_layers)
+        self.proj = nn.Conv1d(filter_channels, num_bins * 3 - 1, 1)
+
+    def reverse(self, x: Tensor, x_mask: Tensor, g: Tensor) -> Tensor:
+        x0, x1 = torch.split(x, [1, 1], dim=1)
+        h = self.convs(self.pre(x0), x_mask, g=g)
+        h = self.proj(h) * x_mask
+        b, c, t = x0.shape
+        h = h.reshape(b, c, -1, t).permute(0, 1, 3, 2)  # [b, 1, t, 3*bins-1]
+        scale = math.sqrt(self.filter_channels)
+        widths = h[..., : self.num_bins] / scale
+        heights = h[..., self.num_bins : 2 * self.num_bins] / scale
+        derivatives = h[..., 2 * self.num_bins :]
+        x1 = _inverse_spline(x1, widths, heights, derivatives, self.tail_bound)
+        return torch.cat([x0, x1], dim=1) * x_mask
+
+
+def _inverse_spline(
+    y: Tensor, uw: Tensor, uh: Tensor, ud: Tensor, bound: float,
+    min_width: float = 1e-3, min_height: float = 1e-3, min_derivative: float = 1e-3,
+) -> Tensor:
+    """Inverse of an unconstrained rational-quadratic spline with linear tails (Durkan 2019).
+
+    Computed for every element and then selected, instead of boolean indexing, so that the
+    shapes stay static; values outside ``[-bound, bound]`` pass through unchanged.
+    """
+    inside = (y >= -bound) & (y <= bound)
+    yc = y.clamp(-bound, bound)
+    n = uw.shape[-1]
+    edge = math.log(math.exp(1 - min_derivative) - 1)
+    ud = F.pad(ud, (1, 1), value=edge)
+
+    def knots(u: Tensor, min_size: float) -> tuple[Tensor, Tensor]:
+        size = min_size + (1 - min_size * n) * torch.softmax(u, dim=-1)
+        cum = F.pad(torch.cumsum(size, dim=-1), (1, 0), value=0.0)
+        cum = 2 * bound * cum - bound
+        cum = torch.cat([torch.full_like(cum[..., :1], -bound), cum[..., 1:-1],
+                         torch.full_like(cum[..., :1], bound)], dim=-1)
+        return cum, cum[..., 1:] - cum[..., :-1]
+
+    cumwidths, widths = knots(uw, min_width)
+    cumheights, heights = knots(uh, min_height)
+    derivatives = min_derivative + F.softplus(ud)
+
+    locations = torch.cat([cumheights[..., :-1], cumheights[..., -1:] + 1e-6], dim=-1)
+    idx = (torch.sum(yc[..., None] >= locations, dim=-1) - 1).clamp(0, n - 1)[..., None]
+
+    def at(t: Tensor) -> Tensor:
+        return t.gather(-1, idx)[..., 0]
+
+    in_cw, in_w, in_ch, in_h = at(cumwidths), at(widths), at(cumheights), at(heights)
+    delta = heights / widths
+    in_delta = at(delta)
+    d0, d1 = at(derivatives), at(derivatives[..., 1:])
+
+    dy = yc - in_ch
+    a = dy * (d0 + d1 - 2 * in_delta) + in_h * (in_delta - d0)
+    b = in_h * d0 - dy * (d0 + d1 - 2 * in_delta)
+    c = -in_delta * dy
+    disc = b.pow(2) - 4 * a * c
+    root = (2 * c) / (-b - torch.sqrt(disc))
+    return torch.where(inside, root * in_w + in_cw, y)
+
+
+class StochasticDurationPredictor(nn.Module):
+    """Samples log-durations by running a normalising flow backwards from noise."""
+
+    def __init__(self, c: VitsConfig, n_flows: int = 4, kernel_size: int = 3) -> None:
+        super().__init__()
+        ch = c.hidden_channels  # VITS forces filter_channels = in_channels here
+        self.pre = nn.Conv1d(ch, ch, 1)
+        self.proj = nn.Conv1d(ch, ch, 1)
+        self.convs = DDSConv(ch, kernel_size, n_layers=3)
+        flows: list[nn.Module] = [ElementwiseAffine(2)]
+        for _ in range(n_flows):
+            flows += [ConvFlow(ch, kernel_size, n_layers=3), Flip()]
+        self.flows = nn.ModuleList(flows)
+        if c.gin_channels:
+            self.cond = nn.Conv1d(c.gin_channels, ch, 1)
+
+    def forward(self, x: Tensor, x_mask: Tensor, noise: Tensor, g: Tensor | None) -> Tensor:
+        """``noise`` is ``[b, 2, t]`` already scaled by noise_w; returns log-durations."""
+        x = self.pre(x)
+        if g is not None:
+            x = x + self.cond(g)
+        x = self.proj(self.convs(x, x_mask)) * x_mask
+        # Reverse order, skipping flows[1]: VITS trains it only for the posterior.
+        order = [self.flows[i] for i in range(len(self.flows) - 1, 1, -1)] + [self.flows[0]]
+        z = noise
+        for flow in order:
+            if isinstance(flow, Flip):
+                z = torch.flip(z, [1])
+            elif isinstance(flow, ConvFlow):
+                z = flow.reverse(z, x_mask, g=x)
+            else:
+                assert isinstance(flow, ElementwiseAffine)
+                z = flow.reverse(z, x_mask)
+        return z[:, :1]
+
+
+class DurationPredictor(nn.Module):
+    """The deterministic predictor some voices are trained with instead."""
+
+    def __init__(self, c: VitsConfig, kernel_size: int = 3) -> None:
+        super().__init__()
+        fc = c.dp_filter_channels
+        self.conv_1 = nn.Conv1d(c.hidden_channels, fc, kernel_size, padding=kernel_size // 2)
+        self.norm_1 = LayerNorm(fc)
+        self.conv_2 = nn.Conv1d(fc, fc, kernel_size, padding=kernel_size // 2)
+        self.norm_2 = LayerNorm(fc)
+        self.proj = nn.Conv1d(fc, 1, 1)
+        if c.gin_channels:
+            self.cond = nn.Conv1d(c.gin_channels, c.hidden_channels, 1)
+
+    def forward(self, x: Tensor, x_mask: Tensor, noise: Tensor, g: Tensor | None) -> Tensor:
+        if g is not None:
+            x = x + self.cond(g)
+        x = self.norm_1(torch.relu(self.conv_1(x * x_mask)))
+        x = self.norm_2(torch.relu(self.conv_2(x * x_mask)))
+        return self.proj(x * x_mask) * x_mask
+
+
+class Flip(nn.Module):
+    pass
+
+
+# --------------------------------------------------------------------------- flow
+
+
+class WN(nn.Module):
+    """Non-causal WaveNet stack: gated dilated convolutions with skip connections."""
+
+    def __init__(self, hidden: int, kernel_size: int, n_layers: int, gin_channels: int) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.n_layers = n_layers
+        self.in_layers = nn.ModuleList(
+            nn.Conv1d(hidden, 2 * hidden, kernel_size, padding=_padding(kernel_size))
+            for _ in range(n_layers)
+        )
+        self.res_skip_layers = nn.ModuleList(
+            nn.Conv1d(hidden, 2 * hidden if i < n_layers - 1 else hidden, 1)
+            for i in range(n_layers)
+        )
+        if gin_channels:
+            self.cond_layer = nn.Conv1d(gin_channels, 2 * hidden * n_layers, 1)
+
+    def forward(self, x: Tensor, x_mask: Tensor, g: Tensor | None) -> Tensor:
+        out = torch.zeros_like(x)
+        gc = self.cond_layer(g) if g is not None else None
+        h = self.hidden
+        for i, (inl, rsl) in enumerate(zip(self.in_layers, self.res_skip_layers)):
+            a = inl(x)
+            if gc is not None:
+                a = a + gc[:, i * 2 * h : (i + 1) * 2 * h]
+            acts = torch.tanh(a[:, :h]) * torch.sigmoid(a[:, h:])
+            rs = rsl(acts)
+            if i < self.n_layers - 1:
+                x = (x + rs[:, :h]) * x_mask
+                out = out + rs[:, h:]
+            else:
+                out = out + rs
+        return out * x_mask
+
+
+class ResidualCouplingLayer(nn.Module):
+    def __init__(self, c: VitsConfig) -> None:
+        super().__init__()
+        self.half = c.inter_channels // 2
+        self.pre = nn.Conv1d(self.half, c.hidden_channels, 1)
+        self.enc = WN(c.hidden_channels, c.flow_kernel_size, c.flow_wn_layers, c.gin_channels)
+        self.post = nn.Conv1d(c.hidden_channels, self.half, 1)  # mean only
+
+    def reverse(self, x: Tensor, x_mask: Tensor, g: Tensor | None) -> Tensor:
+        x0, x1 = torch.split(x, [self.half, self.half], dim=1)
+        h = self.enc(self.pre(x0) * x_mask, x_mask, g)
+        x1 = (x1 - self.post(h) * x_mask) * x_mask
+        return torch.cat([x0, x1], dim=1)
+
+
+class ResidualCouplingBlock(nn.Module):
+    def __init__(self, c: VitsConfig) -> None:
+        super().__init__()
+        flows: list[nn.Module] = []
+        for _ in range(c.flow_layers):
+            flows += [ResidualCouplingLayer(c), Flip()]
+        self.flows = nn.ModuleList(flows)
+        # Every coupling layer sees +-(kernel//2) frames per WaveNet layer.
+        self.receptive_field = c.flow_layers * c.flow_wn_layers * (c.flow_kernel_size // 2)
+
+    def reverse(self, x: Tensor, x_mask: Tensor, g: Tensor | None) -> Tensor:
+        for flow in reversed(self.flows):
+            if isinstance(flow, ResidualCouplingLayer):
+                x = flow.reverse(x, x_mask, g)
+            else:
+                x = torch.flip(x, [1])
+        return x
+
+
+# --------------------------------------------------------------------------- generator
+
+
+class ResBlock1(nn.Module):
+    def __init__(self, ch: int, kernel_size: int, dilations: tuple[int, ...]) -> None:
+        super().__init__()
+        self.convs1 = nn.ModuleList(
+            nn.Conv1d(ch, ch, kernel_size, dilation=d, padding=_padding(kernel_size, d))
+            for d in dilations
+        )
+        self.convs2 = nn.ModuleList(
+            nn.Conv1d(ch, ch, kernel_size, padding=_padding(kernel_size)) for _ in dilations
+        )
+        self.radius = sum(_padding(kernel_size, d) + _padding(kernel_size) for d in dilations)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for c1, c2 in zip(self.convs1, self.convs2):
+            xt = c2(F.leaky_relu(c1(F.leaky_relu(x, LRELU_SLOPE)), LRELU_SLOPE))
+            x = xt + x
+        return x
+
+
+class ResBlock2(nn.Module):
+    def __init__(self, ch: int, kernel_size: int, dilations: tuple[int, ...]) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(
+            nn.Conv1d(ch, ch, kernel_size, dilation=d, padding=_padding(kernel_size, d))
+            for d in dilations
+        )
+        self.radius = sum(_padding(kernel_size, d) for d in dilations)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for c in self.convs:
+            x = c(F.leaky_relu(x, LRELU_SLOPE)) + x
+        return x
+
+
+class Generator(nn.Module):
+    """HiFi-GAN: latent frames -> waveform, upsampling by ``hop_length``."""
+
+    def __init__(self, c: VitsConfig) -> None:
+        super().__init__()
+        self.num_kernels = len(c.resblock_kernel_sizes)
+        uic = c.upsample_initial_channel
+        self.conv_pre = nn.Conv1d(c.inter_channels, uic, 7, padding=3)
+        block = ResBlock1 if c.resblock == "1" else ResBlock2
+        self.ups = nn.ModuleList()
+        self.resblocks = nn.ModuleList()
+        for i, (u, k) in enumerate(zip(c.upsample_rates, c.upsample_kernel_sizes)):
+            ch = uic // 2 ** (i + 1)
+            self.ups.append(nn.ConvTranspose1d(ch * 2, ch, k, u, padding=(k - u) // 2))
+            for ks, ds in zip(c.resblock_kernel_sizes, c.resblock_dilation_sizes):
+                self.resblocks.append(block(ch, ks, ds))
+        self.conv_post = nn.Conv1d(ch, 1, 7, padding=3, bias=False)
+        if c.gin_channels:
+            self.cond = nn.Conv1d(c.gin_channels, uic, 1)
+        self.receptive_field = self._receptive_field(c)
+
+    def _receptive_field(self, c: VitsConfig) -> int:
+        """Latent frames each side that influence one output frame (rounded up).
+
+        Walk backwards from the output: a radius in samples at one rate becomes
+        ``ceil((r + k) / u)`` at the rate before an upsampling of ``u`` with kernel ``k``.
+        """
+        radius = 3  # conv_post
+        blocks = list(self.resblocks)
+        for i in reversed(range(len(self.ups))):
+            stage = blocks[i * self.num_kernels : (i + 1) * self.num_kernels]
+            radius += max(int(b.radius) for b in stage)
+            radius = math.ceil((radius + c.upsample_kernel_sizes[i]) / c.upsample_rates[i])
+        return radius + 3  # conv_pre
+
+    def forward(self, x: Tensor, g: Tensor | None = None) -> Tensor:
+        x = self.conv_pre(x)
+        if g is not None:
+            x = x + self.cond(g)
+        for i, up in enumerate(self.ups):
+            x = up(F.leaky_relu(x, LRELU_SLOPE))
+            blocks = self.resblocks[i * self.num_kernels : (i + 1) * self.num_kernels]
+            xs = blocks[0](x)
+            for block in blocks[1:]:
+                xs = xs + block(x)
+            x = xs / self.num_kernels
+        x = self.conv_post(F.leaky_relu(x))  # default slope 0.01, as trained
+        return torch.tanh(x)
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class Vits(nn.Module):
+    """Everything a Piper voice holds. ``tts.stream`` drives the halves separately."""
+
+    def __init__(self, c: VitsConfig) -> None:
+        super().__init__()
+        self.config = c
+        self.enc_p = TextEncoder(c)
+        self.dp: nn.Module = StochasticDurationPredictor(c) if c.use_sdp else DurationPredictor(c)
+        self.flow = ResidualCouplingBlock(c)
+        self.dec = Generator(c)
+        if c.n_speakers > 1:
+            self.emb_g = nn.Embedding(c.n_speakers, c.gin_channels)
+
+    def speaker_embedding(self, speaker_id: int | None) -> Tensor | None:
+        if self.config.n_speakers <= 1:
+            return None
+        sid = torch.tensor([speaker_id or 0], dtype=torch.long)
+        return self.emb_g(sid).unsqueeze(-1)  # [1, gin, 1]
+
+    def prior(self, ids: Tensor, g: Tensor | None, noise_scale: float, length_scale: float,
+              noise_w: float, generator: torch.Generator | None = None) -> Tensor:
+        """Phoneme ids ``[1, t]`` -> sampled prior latent ``z_p`` ``[1, inter, frames]``."""
+        x, m_p, logs_p, x_mask = self.enc_p(ids)
+        noise = torch.randn(x.shape[0], 2, x.shape[2], generator=generator) * noise_w
+        logw = self.dp(x, x_mask, noise, g)
+        w_ceil = torch.ceil(torch.exp(logw) * x_mask * length_scale)
+        durations = w_ceil[0, 0].long()
+        if int(durations.sum()) < 1:
+            durations = durations.clone()
+            durations[-1] = 1
+        # The monotonic path of one sequence is a repeat of each phoneme's statistics.
+        m_p = torch.repeat_interleave(m_p, durations, dim=2)
+        logs_p = torch.repeat_interleave(logs_p, durations, dim=2)
+        eps = torch.randn(m_p.shape, generator=generator)
+        return m_p + eps * torch.exp(logs_p) * noise_scale
+
+    def decode(self, z_p: Tensor, g: Tensor | None) -> Tensor:
+        """Prior latent -> waveform ``[1, 1, frames * hop]`` (one shot)."""
+        mask = torch.ones_like(z_p[:, :1])
+        z = self.flow.reverse(z_p, mask, g)
+        return self.dec(z, g)
