@@ -57,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     voices.add_argument("--json", action="store_true", help="machine-readable output")
     voice_args(voices)
 
-    bench = sub.add_parser("bench", help="benchmark herald against piper-tts (same voice, same run)")
+    bench = sub.add_parser("bench",
+                           help="benchmark herald against piper-tts (same voice, same run)")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--repeats", type=int, default=5, help="repetitions per figure")
     bench.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts")

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .phonemize import phoneme_ids, phonemize
+from .vits import Vits
 from .voice import Voice
 
 _threads_lock = threading.Lock()
@@ -66,11 +67,8 @@ class Synthesizer:
     def __init__(self, voice: Voice, first_window: int = 8, max_window: int = 128) -> None:
         self.voice = voice
         self.model = voice.model
-        self.hop = voice.model.config.hop_length
         self.first_window = first_window
         self.max_window = max_window
-        self.flow_context = self.model.flow.receptive_field
-        self.dec_context = self.model.dec.receptive_field
 
     @property
     def sample_rate(self) -> int:
@@ -108,29 +106,8 @@ class Synthesizer:
                    generator: torch.Generator | None = None) -> Iterator[tuple[np.ndarray, bool]]:
         """Audio of one sentence in chunks; the flag marks the last one."""
         z_p, g = self.prior(ids, opts, generator)
-        frames = z_p.shape[2]
-        start, size = 0, self.first_window
-        while start < frames:
-            end = min(frames, start + size)
-            # Fold a short tail into this window rather than decode a sliver on its own.
-            if frames - end < self.first_window:
-                end = frames
-            yield self._decode_window(z_p, g, start, end, opts.gain), end == frames
-            start, size = end, min(self.max_window, size * 2)
-
-    def _decode_window(self, z_p: torch.Tensor, g: torch.Tensor | None, start: int, end: int,
-                       gain: float) -> np.ndarray:
-        frames = z_p.shape[2]
-        dc, fc = self.dec_context, self.flow_context
-        d0, d1 = max(0, start - dc), min(frames, end + dc)  # generator input
-        f0, f1 = max(0, d0 - fc), min(frames, d1 + fc)  # flow input
-        with torch.inference_mode():
-            window = z_p[:, :, f0:f1]
-            z = self.model.flow.reverse(window, torch.ones_like(window[:, :1]), g)
-            audio = self.model.dec(z[:, :, d0 - f0 : d1 - f0], g)[0, 0]
-        a = (start - d0) * self.hop
-        out = audio[a : a + (end - start) * self.hop].numpy()
-        return _apply_gain(out, gain)
+        yield from decode_windows(self.model, z_p, g, opts.gain, self.first_window,
+                                  self.max_window)
 
     def synthesize(self, text: str, options: SynthesisOptions = SynthesisOptions()) -> np.ndarray:
         """Whole text decoded one sentence at a time in one shot (reference for tests)."""
@@ -148,3 +125,42 @@ def _apply_gain(samples: np.ndarray, gain: float) -> np.ndarray:
     if gain != 1.0:
         samples = samples * gain
     return np.clip(samples, -1.0, 1.0).astype(np.float32, copy=False)
+
+
+def window_plan(frames: int, first: int, largest: int) -> list[tuple[int, int]]:
+    """Frame ranges to decode: ``first`` frames, then doubling up to ``largest``.
+
+    A tail shorter than ``first`` is folded into the window before it rather than decoded
+    as a sliver of its own.
+    """
+    plan = []
+    start, size = 0, first
+    while start < frames:
+        end = min(frames, start + size)
+        if frames - end < first:
+            end = frames
+        plan.append((start, end))
+        start, size = end, min(largest, size * 2)
+    return plan
+
+
+def decode_windows(model: Vits, z_p: torch.Tensor, g: torch.Tensor | None, gain: float = 1.0,
+                   first: int = 8, largest: int = 128) -> Iterator[tuple[np.ndarray, bool]]:
+    """Flow + generator over windows of ``z_p`` ``[1, c, frames]``; joins equal ``model.decode``.
+
+    Each window is widened by the generator's receptive field, and that by the flow's, so
+    every kept frame saw exactly the inputs it would have seen in one-shot decoding.
+    """
+    frames = z_p.shape[2]
+    hop = model.config.hop_length
+    dc, fc = model.dec.receptive_field, model.flow.receptive_field
+    plan = window_plan(frames, first, largest)
+    for start, end in plan:
+        d0, d1 = max(0, start - dc), min(frames, end + dc)  # generator input
+        f0, f1 = max(0, d0 - fc), min(frames, d1 + fc)  # flow input
+        with torch.inference_mode():
+            window = z_p[:, :, f0:f1]
+            z = model.flow.reverse(window, torch.ones_like(window[:, :1]), g)
+            audio = model.dec(z[:, :, d0 - f0 : d1 - f0], g)[0, 0]
+        a = (start - d0) * hop
+        yield _apply_gain(audio[a : a + (end - start) * hop].numpy(), gain), end == frames

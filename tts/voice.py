@@ -255,8 +255,8 @@ def load_state(model: Vits, weights: Mapping[str, np.ndarray], source: str) -> N
     unused = {k for k in state if k.startswith("dp.flows.1.")}
     missing = sorted(k for k in state if k not in weights and k not in unused)
     extra = sorted(k for k in weights if k not in state)
-    bad = sorted(f"{k}: file {tuple(weights[k].shape)} != model {tuple(state[k].shape)}"
-                 for k in weights if k in state and tuple(weights[k].shape) != tuple(state[k].shape))
+    bad = sorted(f"{k}: file {tuple(v.shape)} != model {tuple(state[k].shape)}"
+                 for k, v in weights.items() if k in state and v.shape != state[k].shape)
     if missing or extra or bad:
         parts = []
         for label, items in (("missing", missing), ("unexpected", extra), ("misshaped", bad)):

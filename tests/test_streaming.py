@@ -1,0 +1,70 @@
+"""Streamed audio equals one-shot audio: for every voice variant, and for the real voice
+with sampling noise on (same seed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from audio_checks import assert_speech
+from sentences import LONG_SENTENCE
+from synthetic_voice import VARIANTS, random_model
+
+from tts import SynthesisOptions
+from tts.stream import decode_windows, window_plan
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("frames", [5, 37, 300])
+def test_windows_equal_one_shot(variant: str, frames: int) -> None:
+    model = random_model(VARIANTS[variant])
+    torch.manual_seed(1)
+    z_p = torch.randn(1, model.config.inter_channels, frames)
+    g = model.speaker_embedding(2)
+    with torch.inference_mode():
+        whole = model.decode(z_p, g)[0, 0].numpy()
+    chunks = [c for c, _ in decode_windows(model, z_p, g)]
+    streamed = np.concatenate(chunks)
+    assert len(streamed) == len(whole) == frames * model.config.hop_length
+    assert np.abs(streamed - np.clip(whole, -1, 1)).max() < 1e-4
+    assert np.abs(whole).max() > 1e-3  # the comparison is not between two silences
+    if frames >= 37:
+        assert len(chunks) > 1
+
+
+def test_window_plan() -> None:
+    assert window_plan(300, 8, 128) == [(0, 8), (8, 24), (24, 56), (56, 120), (120, 248),
+                                        (248, 300)]
+    assert window_plan(10, 8, 128) == [(0, 10)]  # a tail shorter than 8 is folded in
+    assert window_plan(0, 8, 128) == []
+
+
+def test_real_voice_streams_exactly_with_noise(synth) -> None:  # type: ignore[no-untyped-def]
+    opts = SynthesisOptions(seed=42)
+    streamed = list(synth.stream(LONG_SENTENCE, opts))
+    one_shot = synth.synthesize(LONG_SENTENCE, opts)
+    audio = np.concatenate([c.samples for c in streamed])
+    assert len(audio) == len(one_shot)
+    assert np.abs(audio - one_shot).max() < 1e-4
+    assert len(streamed) >= 5  # audio arrives within the sentence, not after it
+    assert streamed[-1].last_in_sentence and not streamed[0].last_in_sentence
+    assert_speech(audio, synth.sample_rate, min_seconds=6)
+
+
+def test_sentences_follow_each_other(synth) -> None:  # type: ignore[no-untyped-def]
+    opts = SynthesisOptions(seed=1, sentence_silence=0.2)
+    chunks = list(synth.stream("First sentence. Second one!", opts))
+    assert sorted({c.sentence for c in chunks}) == [0, 1]
+    audio = np.concatenate([c.samples for c in chunks])
+    plain = synth.synthesize("First sentence. Second one!", SynthesisOptions(seed=1))
+    assert len(audio) == len(plain) + 2 * int(0.2 * synth.sample_rate)
+
+
+def test_speaker_and_gain(synth) -> None:  # type: ignore[no-untyped-def]
+    quiet = synth.synthesize("Hello.", SynthesisOptions(seed=3, gain=0.5))
+    loud = synth.synthesize("Hello.", SynthesisOptions(seed=3))
+    assert np.allclose(quiet, loud * 0.5, atol=1e-6)
+    from tts import VoiceError
+
+    with pytest.raises(VoiceError, match="single speaker"):
+        synth.synthesize("Hello.", SynthesisOptions(speaker="bob"))
