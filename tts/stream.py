@@ -64,7 +64,7 @@ class AudioChunk:
 class Synthesizer:
     """Streams one voice. Not thread-safe per call, but holds no per-call state."""
 
-    def __init__(self, voice: Voice, first_window: int = 8, max_window: int = 128) -> None:
+    def __init__(self, voice: Voice, first_window: int = 8, max_window: int = 256) -> None:
         self.voice = voice
         self.model = voice.model
         self.first_window = first_window
@@ -145,22 +145,32 @@ def window_plan(frames: int, first: int, largest: int) -> list[tuple[int, int]]:
 
 
 def decode_windows(model: Vits, z_p: torch.Tensor, g: torch.Tensor | None, gain: float = 1.0,
-                   first: int = 8, largest: int = 128) -> Iterator[tuple[np.ndarray, bool]]:
+                   first: int = 8, largest: int = 256) -> Iterator[tuple[np.ndarray, bool]]:
     """Flow + generator over windows of ``z_p`` ``[1, c, frames]``; joins equal ``model.decode``.
 
-    Each window is widened by the generator's receptive field, and that by the flow's, so
-    every kept frame saw exactly the inputs it would have seen in one-shot decoding.
+    The generator input of each window is widened by the generator's receptive field, so
+    every kept sample saw exactly the latent frames it would have seen in one-shot decoding.
+    Those latent frames come from the flow, run ahead in spans of its own: a flow output
+    frame is exact once the span reaches ``flow.receptive_field`` frames past it on both
+    sides (or the sentence edge), and is kept for the windows that need it again. The first
+    span is no longer than the first window needs, so the first audio stays early.
     """
     frames = z_p.shape[2]
     hop = model.config.hop_length
     dc, fc = model.dec.receptive_field, model.flow.receptive_field
-    plan = window_plan(frames, first, largest)
-    for start, end in plan:
+    z = torch.empty_like(z_p)
+    ready = 0  # z[:, :, :ready] is exact
+    for start, end in window_plan(frames, first, largest):
         d0, d1 = max(0, start - dc), min(frames, end + dc)  # generator input
-        f0, f1 = max(0, d0 - fc), min(frames, d1 + fc)  # flow input
         with torch.inference_mode():
-            window = z_p[:, :, f0:f1]
-            z = model.flow.reverse(window, torch.ones_like(window[:, :1]), g)
-            audio = model.dec(z[:, :, d0 - f0 : d1 - f0], g)[0, 0]
+            if d1 > ready:
+                # After the first window, run the flow one window ahead.
+                upto = d1 if start == 0 else min(frames, d1 + (end - start))
+                f0, f1 = max(0, ready - fc), min(frames, upto + fc)
+                span = z_p[:, :, f0:f1]
+                out = model.flow.reverse(span, torch.ones_like(span[:, :1]), g)
+                z[:, :, ready:upto] = out[:, :, ready - f0 : upto - f0]
+                ready = upto
+            audio = model.dec(z[:, :, d0:d1], g)[0, 0]
         a = (start - d0) * hop
         yield _apply_gain(audio[a : a + (end - start) * hop].numpy(), gain), end == frames

@@ -99,65 +99,43 @@ class MultiHeadAttention(nn.Module):
         self.emb_rel_k = nn.Parameter(torch.zeros(rel_shape))
         self.emb_rel_v = nn.Parameter(torch.zeros(rel_shape))
 
-    def forward(self, x: Tensor, attn_mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
+        """Self-attention over one unpadded sequence ``[b, d, t]``."""
         b, d, t = x.shape
-        h, k = self.n_heads, self.k_channels
+        h, k, w = self.n_heads, self.k_channels, self.window_size
         q = self.conv_q(x).view(b, h, k, t).transpose(2, 3)  # [b, h, t, k]
         key = self.conv_k(x).view(b, h, k, t).transpose(2, 3)
         v = self.conv_v(x).view(b, h, k, t).transpose(2, 3)
 
         q = q / math.sqrt(k)
         scores = q @ key.transpose(-2, -1)  # [b, h, t, t]
-        rel_k = self._relative_embeddings(self.emb_rel_k, t)  # [1, 2t-1, k]
-        rel_logits = q @ rel_k.unsqueeze(0).transpose(-2, -1)  # [b, h, t, 2t-1]
-        scores = scores + _relative_to_absolute(rel_logits)
-        scores = scores.masked_fill(attn_mask == 0, -1e4)
+        # Relative positions beyond +-window have zero embeddings, so instead of building
+        # the [t, 2t-1] relative matrix, add the 2w+1 non-zero diagonals in place.
+        rel_k = q @ self.emb_rel_k[0].transpose(0, 1)  # [b, h, t, 2w+1]
+        for off in range(-min(w, t - 1), min(w, t - 1) + 1):
+            rows = slice(max(0, -off), t - max(0, off))
+            scores.diagonal(off, -2, -1).add_(rel_k[:, :, rows, off + w])
         p_attn = torch.softmax(scores, dim=-1)
 
-        out = p_attn @ v
-        rel_v = self._relative_embeddings(self.emb_rel_v, t)
-        out = out + _absolute_to_relative(p_attn) @ rel_v.unsqueeze(0)
+        out = p_attn @ v  # [b, h, t, k]
+        rel_v = self.emb_rel_v[0]  # [2w+1, k]
+        for off in range(-min(w, t - 1), min(w, t - 1) + 1):
+            rows = slice(max(0, -off), t - max(0, off))
+            out[:, :, rows] += p_attn.diagonal(off, -2, -1).unsqueeze(-1) * rel_v[off + w]
         out = out.transpose(2, 3).contiguous().view(b, d, t)
         return self.conv_o(out)
-
-    def _relative_embeddings(self, emb: Tensor, length: int) -> Tensor:
-        """The ``2*length-1`` relative embeddings a sequence of ``length`` needs."""
-        pad = max(length - (self.window_size + 1), 0)
-        start = max((self.window_size + 1) - length, 0)
-        if pad > 0:
-            emb = F.pad(emb, [0, 0, pad, pad, 0, 0])
-        return emb[:, start : start + 2 * length - 1]
-
-
-def _relative_to_absolute(x: Tensor) -> Tensor:
-    """``[b, h, l, 2l-1]`` relative logits -> ``[b, h, l, l]`` absolute."""
-    b, h, length, _ = x.shape
-    x = F.pad(x, [0, 1])
-    x = F.pad(x.reshape(b, h, length * 2 * length), [0, length - 1])
-    return x.view(b, h, length + 1, 2 * length - 1)[:, :, :length, length - 1 :]
-
-
-def _absolute_to_relative(x: Tensor) -> Tensor:
-    """``[b, h, l, l]`` absolute weights -> ``[b, h, l, 2l-1]`` relative."""
-    b, h, length, _ = x.shape
-    x = F.pad(x, [0, length - 1])
-    x = F.pad(x.reshape(b, h, length * length + length * (length - 1)), [length, 0])
-    return x.view(b, h, length, 2 * length)[:, :, :, 1:]
 
 
 class FFN(nn.Module):
     def __init__(self, channels: int, filter_channels: int, kernel_size: int) -> None:
         super().__init__()
-        self.kernel_size = kernel_size
-        self.conv_1 = nn.Conv1d(channels, filter_channels, kernel_size)
-        self.conv_2 = nn.Conv1d(filter_channels, channels, kernel_size)
-
-    def _same(self, x: Tensor) -> Tensor:
-        return F.pad(x, [(self.kernel_size - 1) // 2, self.kernel_size // 2])
+        assert kernel_size % 2 == 1, "Piper voices use odd feed-forward kernels"
+        self.conv_1 = Conv(channels, filter_channels, kernel_size, padding=kernel_size // 2)
+        self.conv_2 = Conv(filter_channels, channels, kernel_size, padding=kernel_size // 2)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        x = torch.relu(self.conv_1(self._same(x * mask)))
-        return self.conv_2(self._same(x * mask)) * mask
+        x = torch.relu_(self.conv_1(_nhwc(x * mask)))  # channels last: see Conv
+        return self.conv_2(x).squeeze(2) * mask
 
 
 class Encoder(nn.Module):
@@ -174,12 +152,11 @@ class Encoder(nn.Module):
         self.norm_layers_2 = nn.ModuleList(LayerNorm(hc) for _ in range(c.n_layers))
 
     def forward(self, x: Tensor, x_mask: Tensor) -> Tensor:
-        attn_mask = x_mask.unsqueeze(2) * x_mask.unsqueeze(-1)
         x = x * x_mask
         for attn, norm1, ffn, norm2 in zip(
             self.attn_layers, self.norm_layers_1, self.ffn_layers, self.norm_layers_2
         ):
-            x = norm1(x + attn(x, attn_mask))
+            x = norm1(x + attn(x))
             x = norm2(x + ffn(x, x_mask))
         return x * x_mask
 
@@ -464,22 +441,98 @@ class ResidualCouplingBlock(nn.Module):
 # --------------------------------------------------------------------------- generator
 
 
+# The generator runs its convolutions as 2-D convolutions on channels-last tensors of shape
+# [b, c, 1, t]: oneDNN then skips the layout reorders it does around every 1-D convolution,
+# which at 32-64 channels cost as much as the arithmetic (measured 1.3-4x per layer). The
+# weights stay in Piper's 1-D modules; their 4-D copies are made once, lazily.
+
+
+def _nhwc(x: Tensor) -> Tensor:
+    return x.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+
+
+class Conv(nn.Conv1d):
+    """A Conv1d that, given a channels-last ``[b, c, 1, t]`` tensor, convolves it as 2-D."""
+
+    _w4: Tensor | None = None
+
+    def drop_cache(self) -> None:
+        """Forget the 4-D weight copy (after the weights were replaced)."""
+        self._w4 = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() == 3:
+            return super().forward(x)
+        if self._w4 is None or self._w4.shape[0] != self.weight.shape[0]:
+            self._w4 = self.weight.detach().unsqueeze(2).contiguous(
+                memory_format=torch.channels_last)
+        return F.conv2d(x, self._w4, self.bias, padding=(0, _as_int(self.padding)),
+                        dilation=(1, _as_int(self.dilation)))
+
+
+def _as_int(v: object) -> int:
+    return int(v[0]) if isinstance(v, tuple) else int(v)  # type: ignore[arg-type]
+
+
+class Upsample(nn.ConvTranspose1d):
+    """A transposed convolution computed as ``stride`` ordinary ones (polyphase).
+
+    Output sample ``q*u + r`` only ever meets kernel taps ``r, r+u, r+2u, ...``, so phase
+    ``r`` is a plain convolution with those taps. Ordering the phases as the slowest output
+    channel axis makes interleaving them a free reshape of the channels-last result, and no
+    time is spent multiplying the zeros a transposed convolution inserts.
+    """
+
+    _wp: Tensor | None = None
+    _bp: Tensor | None = None
+
+    def drop_cache(self) -> None:
+        self._wp = self._bp = None
+
+    def _phases(self) -> tuple[Tensor, Tensor]:
+        if self._wp is None or self._bp is None:
+            w = self.weight.detach()  # [in, out, k]
+            u, k = self.stride[0], self.kernel_size[0]
+            cin, cout, _ = w.shape
+            taps = -(-k // u)
+            w = F.pad(w, (0, taps * u - k)).view(cin, cout, taps, u).flip(2)
+            w = w.permute(3, 1, 0, 2).reshape(u * cout, cin, 1, taps)  # [(r, out), in, 1, i]
+            self._wp = w.contiguous(memory_format=torch.channels_last)
+            assert self.bias is not None
+            self._bp = self.bias.detach().repeat(u)
+        return self._wp, self._bp
+
+    def forward(self, x: Tensor, output_size: list[int] | None = None) -> Tensor:
+        if x.dim() == 3:
+            return super().forward(x, output_size)
+        w, b = self._phases()
+        u, p = self.stride[0], self.padding[0]
+        taps = w.shape[-1]
+        length = x.shape[-1]
+        y = F.conv2d(x, w, b, padding=(0, taps - 1))  # [b, u*out, 1, q], channels last
+        n, _, _, q = y.shape
+        cout = w.shape[0] // u
+        y = y.permute(0, 2, 3, 1).reshape(n, 1, q * u, cout).permute(0, 3, 1, 2)
+        return y[:, :, :, p : p + length * u]
+
+
+
 class ResBlock1(nn.Module):
     def __init__(self, ch: int, kernel_size: int, dilations: tuple[int, ...]) -> None:
         super().__init__()
         self.convs1 = nn.ModuleList(
-            nn.Conv1d(ch, ch, kernel_size, dilation=d, padding=_padding(kernel_size, d))
+            Conv(ch, ch, kernel_size, dilation=d, padding=_padding(kernel_size, d))
             for d in dilations
         )
         self.convs2 = nn.ModuleList(
-            nn.Conv1d(ch, ch, kernel_size, padding=_padding(kernel_size)) for _ in dilations
+            Conv(ch, ch, kernel_size, padding=_padding(kernel_size)) for _ in dilations
         )
         self.radius = sum(_padding(kernel_size, d) + _padding(kernel_size) for d in dilations)
 
     def forward(self, x: Tensor) -> Tensor:
         for c1, c2 in zip(self.convs1, self.convs2):
-            xt = c2(F.leaky_relu(c1(F.leaky_relu(x, LRELU_SLOPE)), LRELU_SLOPE))
-            x = xt + x
+            xt = F.leaky_relu(c1(F.leaky_relu(x, LRELU_SLOPE)), LRELU_SLOPE, inplace=True)
+            x = c2(xt).add_(x)  # in place: the generator's tensors are large
         return x
 
 
@@ -487,14 +540,14 @@ class ResBlock2(nn.Module):
     def __init__(self, ch: int, kernel_size: int, dilations: tuple[int, ...]) -> None:
         super().__init__()
         self.convs = nn.ModuleList(
-            nn.Conv1d(ch, ch, kernel_size, dilation=d, padding=_padding(kernel_size, d))
+            Conv(ch, ch, kernel_size, dilation=d, padding=_padding(kernel_size, d))
             for d in dilations
         )
         self.radius = sum(_padding(kernel_size, d) for d in dilations)
 
     def forward(self, x: Tensor) -> Tensor:
         for c in self.convs:
-            x = c(F.leaky_relu(x, LRELU_SLOPE)) + x
+            x = c(F.leaky_relu(x, LRELU_SLOPE)).add_(x)
         return x
 
 
@@ -505,47 +558,54 @@ class Generator(nn.Module):
         super().__init__()
         self.num_kernels = len(c.resblock_kernel_sizes)
         uic = c.upsample_initial_channel
-        self.conv_pre = nn.Conv1d(c.inter_channels, uic, 7, padding=3)
+        self.conv_pre = Conv(c.inter_channels, uic, 7, padding=3)
         block = ResBlock1 if c.resblock == "1" else ResBlock2
         self.ups = nn.ModuleList()
         self.resblocks = nn.ModuleList()
         for i, (u, k) in enumerate(zip(c.upsample_rates, c.upsample_kernel_sizes)):
             ch = uic // 2 ** (i + 1)
-            self.ups.append(nn.ConvTranspose1d(ch * 2, ch, k, u, padding=(k - u) // 2))
+            self.ups.append(Upsample(ch * 2, ch, k, u, padding=(k - u) // 2))
             for ks, ds in zip(c.resblock_kernel_sizes, c.resblock_dilation_sizes):
                 self.resblocks.append(block(ch, ks, ds))
-        self.conv_post = nn.Conv1d(ch, 1, 7, padding=3, bias=False)
+        self.conv_post = Conv(ch, 1, 7, padding=3, bias=False)
         if c.gin_channels:
-            self.cond = nn.Conv1d(c.gin_channels, uic, 1)
+            self.cond = Conv(c.gin_channels, uic, 1)
         self.receptive_field = self._receptive_field(c)
 
     def _receptive_field(self, c: VitsConfig) -> int:
-        """Latent frames each side that influence one output frame (rounded up).
+        """Latent frames each side whose output samples one latent frame can change.
 
-        Walk backwards from the output: a radius in samples at one rate becomes
-        ``ceil((r + k) / u)`` at the rate before an upsampling of ``u`` with kernel ``k``.
+        Follows the samples a single input frame reaches, layer by layer: a convolution of
+        radius ``r`` widens the interval by ``r`` each side, an upsampling of stride ``u``,
+        kernel ``k`` and padding ``p`` maps ``[a, b]`` to ``[a*u - p, b*u - p + k - 1]``.
         """
-        radius = 3  # conv_post
+        frame = 1000  # any frame away from the edges
+        lo, hi = frame - 3, frame + 3  # conv_pre
         blocks = list(self.resblocks)
-        for i in reversed(range(len(self.ups))):
+        for i, up in enumerate(self.ups):
+            u, p, k = up.stride[0], up.padding[0], up.kernel_size[0]
+            lo, hi = lo * u - p, hi * u - p + k - 1
             stage = blocks[i * self.num_kernels : (i + 1) * self.num_kernels]
-            radius += max(int(b.radius) for b in stage)
-            radius = math.ceil((radius + c.upsample_kernel_sizes[i]) / c.upsample_rates[i])
-        return radius + 3  # conv_pre
+            r = max(int(b.radius) for b in stage)
+            lo, hi = lo - r, hi + r
+        lo, hi = lo - 3, hi + 3  # conv_post
+        hop = c.hop_length
+        return max(frame - lo // hop, hi // hop - frame)
 
     def forward(self, x: Tensor, g: Tensor | None = None) -> Tensor:
-        x = self.conv_pre(x)
+        """``[b, inter, frames]`` -> ``[b, 1, frames * hop]``."""
+        x = self.conv_pre(_nhwc(x))
         if g is not None:
-            x = x + self.cond(g)
+            x = x + self.cond(_nhwc(g))
         for i, up in enumerate(self.ups):
-            x = up(F.leaky_relu(x, LRELU_SLOPE))
+            x = up(F.leaky_relu(x, LRELU_SLOPE, inplace=True))
             blocks = self.resblocks[i * self.num_kernels : (i + 1) * self.num_kernels]
             xs = blocks[0](x)
             for block in blocks[1:]:
-                xs = xs + block(x)
-            x = xs / self.num_kernels
-        x = self.conv_post(F.leaky_relu(x))  # default slope 0.01, as trained
-        return torch.tanh(x)
+                xs.add_(block(x))
+            x = xs.div_(self.num_kernels)
+        x = self.conv_post(F.leaky_relu(x, inplace=True))  # default slope 0.01, as trained
+        return torch.tanh_(x).flatten(1, 2).contiguous()
 
 
 # --------------------------------------------------------------------------- the model

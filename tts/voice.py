@@ -267,6 +267,9 @@ def load_state(model: Vits, weights: Mapping[str, np.ndarray], source: str) -> N
     with torch.no_grad():
         for k, v in weights.items():
             state[k].copy_(torch.from_numpy(np.array(v, copy=True)).to(state[k].dtype))
+    for module in model.modules():
+        if hasattr(module, "drop_cache"):
+            module.drop_cache()
     log.debug("%s: loaded %d tensors (%s)", source, len(weights),
               Counter(k.split(".")[0] for k in weights))
 

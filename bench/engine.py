@@ -1,0 +1,179 @@
+"""Engine benchmark: herald's streaming PyTorch engine against piper-tts (onnxruntime), same
+voice, same texts, same thread count, in one run.
+
+For each thread count, both engines are loaded in one process and alternate run by run (so
+a load that drifts hits both alike); every time is a median over repetitions. Peak RSS is
+measured apart, each engine alone in a fresh process speaking the long sentence. Shared
+machines drift,
+so read the ratios herald / piper-tts, not the absolute times.
+
+    .venv/bin/herald bench [--json] [--repeats N] [--threads 1 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+SHORT = "Turn on the kitchen lights."
+LONG = ("The weather service says that a band of heavy rain will reach the coast this evening, "
+        "bringing strong winds, falling temperatures and the chance of thunder before it clears "
+        "out early tomorrow morning.")
+
+
+def _herald(threads: int):  # type: ignore[no-untyped-def]
+    from tts import SynthesisOptions, VoiceCatalog, set_threads
+
+    set_threads(threads)
+    synth = VoiceCatalog().synthesizer()
+    opts = SynthesisOptions()
+
+    def once(text: str) -> tuple[float, float, float]:
+        t0 = time.perf_counter()
+        first = None
+        samples = 0
+        for chunk in synth.stream(text, opts):
+            if first is None:
+                first = time.perf_counter() - t0
+            samples += len(chunk.samples)
+        return first or 0.0, time.perf_counter() - t0, samples / synth.sample_rate
+
+    return once
+
+
+def _piper(threads: int):  # type: ignore[no-untyped-def]
+    import onnxruntime
+    from piper import PiperVoice, SynthesisConfig
+    from piper.config import PiperConfig
+
+    from tts import VoiceCatalog
+
+    info = VoiceCatalog().resolve()
+    so = onnxruntime.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(str(info.model_path), sess_options=so,
+                                           providers=["CPUExecutionProvider"])
+    voice = PiperVoice(session=session,
+                       config=PiperConfig.from_dict(json.loads(info.config_path.read_text())))
+    cfg = SynthesisConfig()
+    rate = voice.config.sample_rate
+
+    def once(text: str) -> tuple[float, float, float]:
+        t0 = time.perf_counter()
+        first = None
+        samples = 0
+        for chunk in voice.synthesize(text, cfg):
+            if first is None:
+                first = time.perf_counter() - t0
+            samples += len(chunk.audio_float_array)
+        return first or 0.0, time.perf_counter() - t0, samples / rate
+
+    return once
+
+
+ENGINES = {"herald": _herald, "piper": _piper}
+
+
+def _timing(threads: int, repeats: int) -> dict[str, Any]:
+    """Both engines in one process, alternating run by run, so load drifts hit both alike."""
+    engines = {name: make(threads) for name, make in ENGINES.items()}
+    for once in engines.values():
+        once(SHORT)  # warm-up
+    raw: dict[str, dict[str, list[tuple[float, float, float]]]] = {
+        name: {"short": [], "long": []} for name in engines}
+    for rep in range(repeats):
+        order = list(engines) if rep % 2 == 0 else list(reversed(engines))
+        for label, text in (("short", SHORT), ("long", LONG)):
+            for name in order:
+                raw[name][label].append(engines[name](text))
+    out: dict[str, Any] = {}
+    for name, by_text in raw.items():
+        out[name] = {}
+        for label, runs in by_text.items():
+            out[name][label] = {
+                "first_audio_ms": statistics.median(r[0] for r in runs) * 1000,
+                "total_ms": statistics.median(r[1] for r in runs) * 1000,
+                "rtf": statistics.median(r[1] / r[2] for r in runs),
+                "audio_s": runs[0][2],
+            }
+    return out
+
+
+def _peak_rss(engine: str, threads: int) -> None:
+    """Load one engine alone and speak the long sentence once: its own peak RSS."""
+    ENGINES[engine](threads)(LONG)
+    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def _spawn(*args: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "bench.engine", *args],
+                         capture_output=True, text=True, check=True)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def main(repeats: int = 5, threads: list[int] | None = None, as_json: bool = False) -> int:
+    results: dict[str, Any] = {}
+    for n in threads or [1, 2]:
+        if not as_json:
+            print(f"measuring at {n} thread(s): herald, piper-tts ...", file=sys.stderr)
+        timing = _spawn("--timing", "--threads", str(n), "--repeats", str(repeats))
+        h, p = timing["herald"], timing["piper"]
+        h["peak_rss_mb"] = _spawn("--rss", "herald", "--threads", str(n))["peak_rss_mb"]
+        p["peak_rss_mb"] = _spawn("--rss", "piper", "--threads", str(n))["peak_rss_mb"]
+        rtf_h, rtf_p = h["long"]["rtf"], p["long"]["rtf"]
+        results[f"threads_{n}"] = {
+            "herald": h, "piper": p,
+            "rtf_herald": round(rtf_h, 4), "rtf_piper": round(rtf_p, 4),
+            "first_audio_short_ratio": round(h["short"]["first_audio_ms"]
+                                             / p["short"]["first_audio_ms"], 3),
+            "first_audio_long_ratio": round(h["long"]["first_audio_ms"]
+                                            / p["long"]["first_audio_ms"], 3),
+            "rtf_ratio": round(rtf_h / rtf_p, 3),
+            "peak_rss_mb": round(h["peak_rss_mb"], 1),
+            "peak_rss_mb_piper": round(p["peak_rss_mb"], 1),
+        }
+    summary = {k: max(r[k] for r in results.values())
+               for k in ("first_audio_short_ratio", "first_audio_long_ratio", "rtf_ratio",
+                         "peak_rss_mb")}
+    report = {**summary, "repeats": repeats, "by_threads": results}
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{'threads':>7} {'figure':<28} {'herald':>10} {'piper-tts':>10} {'ratio':>7}")
+    for key, r in results.items():
+        n = key.split("_")[1]
+        h, p = r["herald"], r["piper"]
+        rows = [("first audio, short (ms)", h["short"]["first_audio_ms"],
+                 p["short"]["first_audio_ms"]),
+                ("first audio, long (ms)", h["long"]["first_audio_ms"],
+                 p["long"]["first_audio_ms"]),
+                ("real-time factor, long", r["rtf_herald"], r["rtf_piper"]),
+                ("peak RSS (MB)", h["peak_rss_mb"], p["peak_rss_mb"])]
+        for name, a, b in rows:
+            print(f"{n:>7} {name:<28} {a:>10.3f} {b:>10.3f} {a / b:>7.3f}")
+    print("(summary: worst ratio over thread counts) "
+          + ", ".join(f"{k}={v}" for k, v in summary.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--timing", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rss", choices=sorted(ENGINES), help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    if a.timing:
+        print(json.dumps(_timing(a.threads[0], a.repeats)))
+    elif a.rss:
+        _peak_rss(a.rss, a.threads[0])
+    else:
+        sys.exit(main(a.repeats, a.threads, a.json))
