@@ -460,14 +460,26 @@ class Conv(nn.Conv1d):
         """Forget the 4-D weight copy (after the weights were replaced)."""
         self._w4 = None
 
-    def forward(self, x: Tensor) -> Tensor:
-        if x.dim() == 3:
-            return super().forward(x)
+    @property
+    def radius(self) -> int:
+        """Samples each side one output depends on (the 'same' padding)."""
+        return _as_int(self.padding)
+
+    def weight4(self) -> Tensor:
         if self._w4 is None or self._w4.shape[0] != self.weight.shape[0]:
             self._w4 = self.weight.detach().unsqueeze(2).contiguous(
                 memory_format=torch.channels_last)
-        return F.conv2d(x, self._w4, self.bias, padding=(0, _as_int(self.padding)),
+        return self._w4
+
+    def valid(self, x: Tensor, pad: int = 0) -> Tensor:
+        """Convolve a channels-last ``[b, c, 1, t]`` tensor with ``pad`` zeros each side."""
+        return F.conv2d(x, self.weight4(), self.bias, padding=(0, pad),
                         dilation=(1, _as_int(self.dilation)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() == 3:
+            return super().forward(x)
+        return self.valid(x, self.radius)
 
 
 def _as_int(v: object) -> int:
@@ -489,12 +501,16 @@ class Upsample(nn.ConvTranspose1d):
     def drop_cache(self) -> None:
         self._wp = self._bp = None
 
+    @property
+    def taps(self) -> int:
+        return -(-self.kernel_size[0] // self.stride[0])
+
     def _phases(self) -> tuple[Tensor, Tensor]:
         if self._wp is None or self._bp is None:
             w = self.weight.detach()  # [in, out, k]
             u, k = self.stride[0], self.kernel_size[0]
             cin, cout, _ = w.shape
-            taps = -(-k // u)
+            taps = self.taps
             w = F.pad(w, (0, taps * u - k)).view(cin, cout, taps, u).flip(2)
             w = w.permute(3, 1, 0, 2).reshape(u * cout, cin, 1, taps)  # [(r, out), in, 1, i]
             self._wp = w.contiguous(memory_format=torch.channels_last)
@@ -502,19 +518,21 @@ class Upsample(nn.ConvTranspose1d):
             self._bp = self.bias.detach().repeat(u)
         return self._wp, self._bp
 
+    def polyphase(self, x: Tensor, pad: int = 0) -> Tensor:
+        """Uncropped output ``y[q*u + r]`` for ``q`` over the valid positions of ``x``."""
+        w, b = self._phases()
+        u = self.stride[0]
+        y = F.conv2d(x, w, b, padding=(0, pad))  # [b, u*out, 1, q], channels last
+        n, _, _, q = y.shape
+        cout = w.shape[0] // u
+        return y.permute(0, 2, 3, 1).reshape(n, 1, q * u, cout).permute(0, 3, 1, 2)
+
     def forward(self, x: Tensor, output_size: list[int] | None = None) -> Tensor:
         if x.dim() == 3:
             return super().forward(x, output_size)
-        w, b = self._phases()
         u, p = self.stride[0], self.padding[0]
-        taps = w.shape[-1]
-        length = x.shape[-1]
-        y = F.conv2d(x, w, b, padding=(0, taps - 1))  # [b, u*out, 1, q], channels last
-        n, _, _, q = y.shape
-        cout = w.shape[0] // u
-        y = y.permute(0, 2, 3, 1).reshape(n, 1, q * u, cout).permute(0, 3, 1, 2)
-        return y[:, :, :, p : p + length * u]
-
+        y = self.polyphase(x, self.taps - 1)
+        return y[:, :, :, p : p + x.shape[-1] * u]
 
 
 class ResBlock1(nn.Module):

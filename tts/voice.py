@@ -179,19 +179,26 @@ def read_onnx(path: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str, An
                 if a.name in ("dilations", "strides")
             }
 
+    def take(init: Any) -> np.ndarray:
+        # Copy the tensor out and drop its bytes from the parsed file at once, so the file's
+        # copy of the weights shrinks while the model's grows (a lower peak on a small box).
+        array = np.array(numpy_helper.to_array(init), copy=True)
+        init.ClearField("raw_data")
+        return array
+
     weights: dict[str, np.ndarray] = {}
     for name, init in inits.items():
         if name in _FOLDED:
             target, inverse = _FOLDED[name]
-            weights[target] = inverse(numpy_helper.to_array(init))
+            weights[target] = inverse(take(init))
             continue
         if re.fullmatch(r"[A-Za-z_][\w.]*", name) and "." in name:
-            weights[name] = numpy_helper.to_array(init)
+            weights[name] = take(init)
             continue
         for op, idx, node_name in consumers.get(name, []):
             suffix = _CONSUMER_SUFFIX.get((op, idx))
             if suffix and node_name.startswith("/"):
-                weights[f"{_module_path(node_name)}.{suffix}"] = numpy_helper.to_array(init)
+                weights[f"{_module_path(node_name)}.{suffix}"] = take(init)
                 break
     return weights, attrs
 
@@ -264,14 +271,14 @@ def load_state(model: Vits, weights: Mapping[str, np.ndarray], source: str) -> N
                 parts.append(f"{len(items)} {label}: {', '.join(items[:6])}"
                              + (" ..." if len(items) > 6 else ""))
         raise VoiceError(f"{source}: weights do not fit the model ({'; '.join(parts)})")
+    count = Counter(k.split(".")[0] for k in weights)
     with torch.no_grad():
-        for k, v in weights.items():
-            state[k].copy_(torch.from_numpy(np.array(v, copy=True)).to(state[k].dtype))
+        for k in list(weights):
+            state[k].copy_(torch.from_numpy(weights.pop(k)).to(state[k].dtype))
     for module in model.modules():
         if hasattr(module, "drop_cache"):
             module.drop_cache()
-    log.debug("%s: loaded %d tensors (%s)", source, len(weights),
-              Counter(k.split(".")[0] for k in weights))
+    log.debug("%s: loaded %d tensors (%s)", source, sum(count.values()), dict(count))
 
 
 def load_onnx_weights(path: Path) -> Vits:
