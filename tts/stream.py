@@ -185,8 +185,9 @@ def decode_windows(model: Vits, z_p: torch.Tensor, g: torch.Tensor | None, gain:
                 upto = need if start == 0 else min(frames, need + (end - start))
                 f0, f1 = max(0, ready - fc), min(frames, upto + fc)
                 span = z_p[:, :, f0:f1]
-                out = model.flow.reverse(span, torch.ones_like(span[:, :1]), g)
-                z[:, :, ready:upto] = out[:, :, ready - f0 : upto - f0]
+                out = model.flow.reverse(span, torch.ones_like(span[:, :1]), g,
+                                         trim_left=f0 > 0, trim_right=f1 < frames)
+                z[:, :, ready:upto] = out[:, :, ready - f0 - (fc if f0 else 0):][:, :, :upto - ready]
                 ready = upto
             audio = gen.push(z[:, :, pushed:need], final=need == frames)
             pushed = need

@@ -1,0 +1,104 @@
+"""Which language each stretch of a text is in, from its script.
+
+A Piper voice speaks one language, and an English voice given Chinese characters says
+nothing useful. Scripts tell the CJK languages apart from Latin text well enough: hangul is
+Korean, kana is Japanese (and so are the ideographs around it), ideographs alone are
+Chinese. Latin, Cyrillic and other alphabetic text is taken to be in the voice's own
+language. Digits, spaces and punctuation have no script: they belong to the run they are
+in, or, between two runs, to the one before.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+from typing import Literal
+
+Script = Literal["han", "kana", "hangul", "other"]
+CJK_LANGUAGES = frozenset({"zh", "yue", "ja", "ko"})
+
+# Full-width punctuation a non-CJK voice would not treat as punctuation.
+_TO_ASCII = str.maketrans({
+    "\uff0c": ", ", "\u3001": ", ", "\u3002": ". ", "\uff0e": ". ", "\uff01": "! ",
+    "\uff1f": "? ", "\uff1b": "; ", "\uff1a": ": ", "\uff08": " (", "\uff09": ") ",
+    "\u300c": '"', "\u300d": '"', "\u300e": '"', "\u300f": '"', "\u201c": '"', "\u201d": '"',
+    "\u2018": "'", "\u2019": "'", "\u300a": '"', "\u300b": '"', "\u3010": "(", "\u3011": ")",
+    "\u3000": " ",
+})
+
+
+@dataclass(frozen=True)
+class Run:
+    """A stretch of text in one language. ``language`` is a base code (``zh``, ``ja``,
+    ``ko``, ``yue``) for CJK runs and the caller's default for the rest."""
+
+    text: str
+    language: str
+    cjk: bool
+
+
+def script_of(ch: str) -> Script | None:
+    """The script of a letter; None for digits, spaces, punctuation and symbols."""
+    o = ord(ch)
+    if (0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF or 0x20000 <= o <= 0x3134F
+            or 0xF900 <= o <= 0xFAFF or o in (0x3005, 0x3007)):
+        return "han"
+    if 0x3040 <= o <= 0x30FF or 0x31F0 <= o <= 0x31FF or 0xFF66 <= o <= 0xFF9D:
+        return "kana"
+    if (0xAC00 <= o <= 0xD7AF or 0x1100 <= o <= 0x11FF or 0x3130 <= o <= 0x318F
+            or 0xA960 <= o <= 0xA97F or 0xD7B0 <= o <= 0xD7FF):
+        return "hangul"
+    return "other" if unicodedata.category(ch)[0] == "L" else None
+
+
+def base_language(code: str) -> str:
+    """``en_US`` -> ``en``; the Chinese family to ``zh`` (Mandarin) or ``yue`` (Cantonese)."""
+    c = code.strip().replace("_", "-").lower()
+    if c in ("yue", "zh-yue", "zh-hk", "zh-mo") or c.startswith(("yue-", "zh-yue-")):
+        return "yue"
+    if c in ("cmn", "zh-cmn") or c.startswith(("cmn-", "zh-")):
+        return "zh"
+    return c.split("-")[0]
+
+
+def language_runs(text: str, default: str, cjk: str | None = None) -> list[Run]:
+    """Split ``text`` into runs of one language.
+
+    ``default`` is the language of non-CJK letters (the voice's). ``cjk``, when given
+    (``yue`` from an SSML ``xml:lang``), replaces the guess for ideographs and kana.
+    """
+    family_of = {"han": "cjk", "kana": "cjk", "hangul": "hangul", "other": "other"}
+    runs: list[tuple[str, list[str]]] = []  # (family, characters)
+    leading: list[str] = []  # scriptless characters before the first letter
+    for ch in text:
+        script = script_of(ch)
+        if script is None:
+            (runs[-1][1] if runs else leading).append(ch)
+            continue
+        family = family_of[script]
+        if not runs or runs[-1][0] != family:
+            runs.append((family, []))
+        runs[-1][1].append(ch)
+    if not runs:
+        return [Run(text, default, False)] if text.strip() else []
+    runs[0][1][:0] = leading
+    has_kana = any(script_of(ch) == "kana" for ch in text)
+    out = []
+    for family, chars in runs:
+        chunk = "".join(chars)
+        if family == "hangul":
+            out.append(Run(chunk, "ko", True))
+        elif family == "cjk":
+            out.append(Run(chunk, base_language(cjk) if cjk else ("ja" if has_kana else "zh"),
+                           True))
+        else:
+            out.append(Run(chunk, default, False))
+    return out
+
+
+def for_voice(text: str, cjk_run: bool) -> str:
+    """Text as a voice of the run's kind reads it best: full-width punctuation becomes
+    ASCII punctuation outside CJK runs, and whitespace is collapsed."""
+    if not cjk_run:
+        text = text.translate(_TO_ASCII)
+    return " ".join(text.split())
