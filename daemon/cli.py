@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             from .service import run
 
-            return run(args.config, args.set)
+            return run(args.config, args.set + (["log_level=DEBUG"] if args.verbose else []))
     except VoiceError as e:
         print(f"herald: {e}", file=sys.stderr)
         return 2

@@ -1,8 +1,13 @@
 """The bridge between asyncio fronts and the CPU-bound synthesizer.
 
-Torch runs in a small pool of worker threads (it releases the GIL); the event loop only
-receives finished chunks through a bounded queue. Cancelling the consumer (a stopped
-utterance, a vanished client) stops the worker at the next chunk boundary.
+Torch runs in worker threads (it releases the GIL); the event loop only receives finished
+chunks through a bounded queue. Cancelling the consumer (a stopped utterance, a vanished
+client) stops the worker at the next chunk boundary.
+
+A stream whose consumer is slow (a speaker playing in real time) parks its thread on the
+full queue. So threads are plentiful, and what is limited is the CPU work: a semaphore of
+``workers`` slots is held only while one chunk is computed. Concurrent streams therefore
+take turns chunk by chunk, and a parked stream never starves the others.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ _DONE = object()
 @dataclass(frozen=True)
 class EngineSettings:
     threads: int = 1  # torch intra-op threads
-    workers: int = 2  # concurrent syntheses
+    workers: int = 2  # chunks computed at the same time
     queue_chunks: int = 8  # chunks buffered ahead of a slow consumer
+    max_streams: int = 32  # open streams (threads, mostly parked on a full queue)
 
 
 class Engine:
@@ -33,8 +39,9 @@ class Engine:
         self.catalog = catalog
         self.settings = settings
         set_threads(settings.threads)
-        self._pool = ThreadPoolExecutor(max_workers=settings.workers,
+        self._pool = ThreadPoolExecutor(max_workers=max(settings.max_streams, settings.workers),
                                         thread_name_prefix="herald-synth")
+        self._cpu = threading.BoundedSemaphore(settings.workers)
 
     def audio_format(self, voice: str | None = None) -> AudioFormat:
         return AudioFormat(self.catalog.resolve(voice).config.sample_rate)
@@ -64,12 +71,16 @@ class Engine:
 
         def work() -> None:
             try:
-                synth = self.catalog.synthesizer(voice)
-                for chunk in synth.stream(text, options):
-                    if cancelled.is_set():
+                with self._cpu:
+                    synth = self.catalog.synthesizer(voice)
+                chunks = synth.stream(text, options)
+                while not cancelled.is_set():
+                    with self._cpu:
+                        chunk = next(chunks, None)
+                    if chunk is None:
+                        put(_DONE)
                         return
                     put(chunk)
-                put(_DONE)
             except BaseException as e:  # handed to the consumer, which reports it
                 if not cancelled.is_set():
                     put(e)

@@ -45,7 +45,7 @@ class Broker:
     def start(self) -> None:
         conf = self.workdir / "mosquitto.conf"
         conf.write_text(
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
+            f"user root\nlistener {self.port} 127.0.0.1\nallow_anonymous true\n"
             f"persistence true\npersistence_location {self.workdir}/\n"
             "max_queued_messages 10000\n"
         )

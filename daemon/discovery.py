@@ -1,0 +1,70 @@
+"""Home Assistant MQTT device discovery: one retained message describes the whole device.
+
+Device-based discovery (``<prefix>/device/<device_id>/config``) carries the device (``dev``),
+the origin (``o``) and every entity (``cmps``) at once, so HA creates a herald device with:
+a notify entity (say), a stop button, a voice select, a volume number and sensors for state,
+queue length, last time-to-first-audio and real-time factor. All entities share herald's
+availability topic, so they go unavailable when herald's last will fires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .topics import Topics
+
+# The latency sensors read the retained status, whose last_latency is null until the first
+# utterance; rendering None makes HA show "unknown" instead of logging a template error.
+_LAST = "value_json.last_latency"
+
+
+def _latency_template(key: str) -> str:
+    return f"{{{{ {_LAST}.{key} if {_LAST} else None }}}}"
+
+
+def discovery_payload(topics: Topics, version: str, voices: Sequence[str],
+                      device_name: str | None = None) -> dict[str, Any]:
+    uid = f"herald_{topics.device_id}"
+
+    def entity(key: str, platform: str, name: str, **options: Any) -> dict[str, Any]:
+        return {"p": platform, "unique_id": f"{uid}_{key}", "name": name, **options}
+
+    status = {"state_topic": topics.status}
+    components = {
+        "say": entity("say", "notify", "Say", command_topic=topics.say, retain=False,
+                      icon="mdi:account-voice"),
+        "stop": entity("stop", "button", "Stop", command_topic=topics.stop,
+                       payload_press="PRESS", retain=False, icon="mdi:stop"),
+        "voice": entity("voice", "select", "Voice", command_topic=topics.set_voice,
+                        options=list(voices), value_template="{{ value_json.voice }}",
+                        retain=False, icon="mdi:account-music", **status),
+        "volume": entity("volume", "number", "Volume", command_topic=topics.set_volume,
+                         min=0, max=1, step=0.05, mode="slider",
+                         value_template="{{ value_json.volume }}", retain=False,
+                         icon="mdi:volume-high", **status),
+        "state": entity("state", "sensor", "State", device_class="enum",
+                        options=["idle", "speaking"], value_template="{{ value_json.state }}",
+                        icon="mdi:account-voice", **status),
+        "queue": entity("queue", "sensor", "Queue", state_class="measurement",
+                        value_template="{{ value_json.queue }}", icon="mdi:tray-full",
+                        **status),
+        "first_audio": entity("first_audio", "sensor", "Time to first audio",
+                              device_class="duration", unit_of_measurement="ms",
+                              state_class="measurement", suggested_display_precision=0,
+                              value_template=_latency_template("first_audio_ms"),
+                              entity_category="diagnostic", **status),
+        "rtf": entity("rtf", "sensor", "Real-time factor", state_class="measurement",
+                      suggested_display_precision=3, value_template=_latency_template("rtf"),
+                      entity_category="diagnostic", icon="mdi:speedometer", **status),
+    }
+    return {
+        "dev": {"ids": [uid], "name": device_name or f"herald {topics.device_id}",
+                "mf": "herald", "mdl": "herald text-to-speech", "sw": version},
+        "o": {"name": "herald", "sw": version},
+        "availability_topic": topics.availability,
+        "payload_available": "online",
+        "payload_not_available": "offline",
+        "qos": 1,
+        "cmps": components,
+    }

@@ -1,0 +1,421 @@
+"""The utterance queue: who speaks next, who gets cut, and the latency record of each.
+
+Requests go into one of two *lanes*. The speaker lane plays one utterance at a time: FIFO,
+higher ``priority`` first, ``mode: interrupt`` cuts the current one and goes next. While one
+utterance plays, the next one is already being synthesized into a bounded buffer, so the gap
+between them is the voice's own pause, not a synthesis delay. Requests whose audio only goes
+to network sinks (MQTT audio topics) don't wait for the speaker: they run in the network
+lane, ``scheduler.parallel`` at a time, with the same ordering rules among those waiting.
+
+Everything here runs on the event loop; the engine does the CPU work in its threads.
+Timeline stamps: ``started`` is when synthesis began (for a prefetched utterance, before it
+left the queue), ``first_audio`` when its first audio reached the sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tts import AudioChunk, AudioFormat, SynthesisOptions, to_pcm16
+
+from .engine import Engine
+from .metrics import LatencyRecord, Metrics
+from .request import Request, RequestError
+from .settings import SchedulerSettings
+from .sinks.speaker import SpeakerSink, SpeakerUnavailable
+
+log = logging.getLogger(__name__)
+
+EventListener = Callable[[dict[str, Any]], None]
+TERMINAL = ("finished", "stopped", "error")
+
+
+class NetworkStream(Protocol):
+    def write(self, pcm: bytes) -> None: ...
+    def close(self, outcome: str = "finished") -> None: ...
+
+
+class NetworkSink(Protocol):
+    name: str
+
+    def open(self, request_id: str, fmt: AudioFormat) -> NetworkStream: ...
+
+
+class AudioBuffer:
+    """Chunks synthesized ahead of playback, bounded by their total length in samples."""
+
+    def __init__(self, max_samples: int) -> None:
+        self.max_samples = max(1, max_samples)
+        self._chunks: deque[AudioChunk] = deque()
+        self._samples = 0
+        self._ended = False
+        self._aborted = False
+        self._error: BaseException | None = None
+        self._readable = asyncio.Event()
+        self._writable = asyncio.Event()
+
+    async def put(self, chunk: AudioChunk) -> None:
+        while self._samples >= self.max_samples and not self._ended:
+            self._writable.clear()
+            await self._writable.wait()
+        if self._ended:
+            return
+        self._chunks.append(chunk)
+        self._samples += len(chunk.samples)
+        self._readable.set()
+
+    async def get(self) -> AudioChunk | None:
+        """The next chunk; None at the end; the producer's error after the chunks before it."""
+        while not self._chunks:
+            if self._ended:
+                if self._error is not None and not self._aborted:
+                    error, self._error = self._error, None
+                    raise error
+                return None
+            self._readable.clear()
+            await self._readable.wait()
+        chunk = self._chunks.popleft()
+        self._samples -= len(chunk.samples)
+        self._writable.set()
+        return chunk
+
+    def finish(self, error: BaseException | None = None) -> None:
+        if not self._ended:
+            self._ended = True
+            self._error = error
+        self._readable.set()
+        self._writable.set()
+
+    def abort(self) -> None:
+        self._chunks.clear()
+        self._samples = 0
+        self._aborted = True
+        self.finish()
+
+
+@dataclass(eq=False)
+class Utterance:
+    req: Request
+    order: int
+    lane: Lane
+    done: asyncio.Future[str]
+    buffer: AudioBuffer | None = None
+    producer: asyncio.Task[None] | None = None
+    player: asyncio.Task[None] | None = None
+    cut: bool = False
+    waiting_text: bool = False
+
+    def sort_key(self) -> tuple[int, int, int]:
+        return (0 if self.req.mode == "interrupt" else 1, -self.req.priority, self.order)
+
+
+@dataclass(eq=False)
+class Lane:
+    name: str
+    slots: int
+    prefetch: bool
+    waiting: list[Utterance] = field(default_factory=list)
+    running: list[Utterance] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, metrics: Metrics, settings: SchedulerSettings,
+                 synthesis: SynthesisOptions = SynthesisOptions(),
+                 speaker: SpeakerSink | None = None) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.settings = settings
+        self.synthesis = synthesis
+        self.speaker = speaker
+        self.speaker_lane = Lane("speaker", 1, settings.prefetch)
+        self.network_lane = Lane("network", settings.parallel, False)
+        self.network_sinks: dict[str, NetworkSink] = {}
+        self._listeners: list[EventListener] = []
+        self._order = itertools.count()
+        self._ids: dict[str, Utterance] = {}
+        self._closing = False
+        self.last_progress = time.monotonic()
+        # Called whenever synthesis or playback advances (the service feeds the watchdog).
+        self.on_progress: Callable[[], None] | None = None
+
+    # ------------------------------------------------------------------ wiring
+
+    def register_sink(self, sink: NetworkSink) -> None:
+        self.network_sinks[sink.name] = sink
+
+    def add_listener(self, fn: EventListener) -> None:
+        self._listeners.append(fn)
+
+    def available_sinks(self) -> tuple[str, ...]:
+        return (("speaker",) if self.speaker else ()) + tuple(self.network_sinks)
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(self, req: Request) -> asyncio.Future[str]:
+        """Queue ``req``; the future resolves to finished | stopped | error when it's done.
+
+        Raises RequestError (nothing queued) when a sink is missing, the id is in use or the
+        queue is full.
+        """
+        if self._closing:
+            raise RequestError("herald is shutting down", req.id)
+        missing = [s for s in req.sinks if s not in self.available_sinks()]
+        if missing:
+            why = ("the speaker is disabled or failed to start (see speaker.enabled and the "
+                   "log)" if "speaker" in missing else f"sink {missing[0]!r} is not available")
+            raise RequestError(why, req.id)
+        if req.id in self._ids:
+            raise RequestError(f"id {req.id!r} is already queued or playing; use a new id",
+                               req.id)
+        waiting = self.waiting_count()
+        if waiting >= self.settings.max_queue:
+            raise RequestError(f"queue full ({waiting} waiting, scheduler.max_queue): try "
+                               "again later", req.id)
+        lane = self.speaker_lane if "speaker" in req.sinks else self.network_lane
+        utt = Utterance(req, next(self._order), lane, asyncio.get_running_loop().create_future())
+        self._ids[req.id] = utt
+        lane.waiting.append(utt)
+        lane.waiting.sort(key=Utterance.sort_key)
+        log.info("%s queued from %s for %s (%d chars, voice %s, priority %d, %s)", req.id,
+                 req.front, "+".join(req.sinks), len(req.text), req.voice, req.priority,
+                 req.mode)
+        self._emit("queued", req)
+        if req.mode == "interrupt":
+            for other in list(lane.running):
+                self._cut(other)
+        self._pump(lane)
+        return utt.done
+
+    def stop(self, request_id: str | None = None) -> list[str]:
+        """Stop one utterance (queued or playing), or everything; the ids affected.
+
+        Raises RequestError when ``request_id`` is unknown.
+        """
+        if request_id is not None:
+            utt = self._ids.get(request_id)
+            if utt is None:
+                raise RequestError(f"nothing queued or playing with id {request_id!r}",
+                                   request_id)
+            targets = [utt]
+        else:
+            # waiting ones first: dropping them never frees a slot the others could take
+            targets = [u for lane in self._lanes() for u in lane.waiting + lane.running]
+        for utt in targets:
+            if utt in utt.lane.waiting:
+                self._drop(utt)
+            else:
+                self._cut(utt)
+        return [u.req.id for u in targets]
+
+    def snapshot(self) -> dict[str, Any]:
+        running = self.speaker_lane.running + self.network_lane.running
+        return {"state": "speaking" if running else "idle", "queue": self.waiting_count(),
+                "current_id": running[0].req.id if running else None}
+
+    def waiting_count(self) -> int:
+        return sum(len(lane.waiting) for lane in self._lanes())
+
+    def busy(self) -> bool:
+        """Work in hand that should be progressing (not idle, not waiting for streamed text)."""
+        return any(not u.waiting_text for lane in self._lanes() for u in lane.running)
+
+    def stalled_for(self) -> float:
+        """Seconds the work in hand has made no progress (0 when not busy)."""
+        return time.monotonic() - self.last_progress if self.busy() else 0.0
+
+    async def close(self, timeout: float = 2.0) -> None:
+        """Stop everything (cutting the current utterance) and wait for the players to end."""
+        self._closing = True
+        self.stop()
+        players = [u.player for lane in self._lanes() for u in lane.running if u.player]
+        if players:
+            await asyncio.wait(players, timeout=timeout)
+
+    # ------------------------------------------------------------------ internals
+
+    def _progress(self) -> None:
+        self.last_progress = time.monotonic()
+        if self.on_progress is not None:
+            self.on_progress()
+
+    def _lanes(self) -> tuple[Lane, Lane]:
+        return self.speaker_lane, self.network_lane
+
+    def _emit(self, event: str, req: Request, error: str | None = None) -> None:
+        payload: dict[str, Any] = {"event": event, "id": req.id}
+        if error is not None:
+            payload["error"] = error
+        for fn in self._listeners:
+            try:
+                fn(payload)
+            except Exception:
+                log.exception("event listener failed on %s", payload)
+
+    def _pump(self, lane: Lane) -> None:
+        while lane.waiting and len(lane.running) < lane.slots and not self._closing:
+            utt = lane.waiting.pop(0)
+            lane.running.append(utt)
+            utt.player = asyncio.create_task(self._play(utt), name=f"herald-play-{utt.req.id}")
+        if (lane.prefetch and lane.waiting and lane.waiting[0].producer is None
+                and not any(u.producer for u in lane.waiting)):
+            self._start_producer(lane.waiting[0])
+        self.metrics.queue_depth.set(self.waiting_count())
+        self.metrics.active.set(len(self.speaker_lane.running) + len(self.network_lane.running))
+
+    def _drop(self, utt: Utterance) -> None:
+        """Remove a waiting utterance before it started."""
+        utt.lane.waiting.remove(utt)
+        self._ids.pop(utt.req.id, None)
+        if utt.producer:
+            utt.producer.cancel()
+        if utt.req.stream:
+            utt.req.stream.fail(RequestError("stopped"))
+        log.info("%s stopped before it started", utt.req.id)
+        self.metrics.request(utt.req.front, "stopped")
+        self._emit("stopped", utt.req)
+        if not utt.done.done():
+            utt.done.set_result("stopped")
+        self._pump(utt.lane)
+
+    def _cut(self, utt: Utterance) -> None:
+        """Stop a running utterance: its player ends at once, the speaker fades out."""
+        if utt.cut:
+            return
+        utt.cut = True
+        if utt.buffer:
+            utt.buffer.abort()
+        if utt.producer:
+            utt.producer.cancel()
+        if "speaker" in utt.req.sinks and self.speaker:
+            self.speaker.cut()
+
+    def _start_producer(self, utt: Utterance) -> None:
+        rate = self.engine.audio_format(utt.req.voice).rate
+        utt.buffer = AudioBuffer(int(self.settings.buffer_seconds * rate))
+        utt.req.timeline.started = time.monotonic()
+        utt.producer = asyncio.create_task(self._produce(utt), name=f"herald-synth-{utt.req.id}")
+
+    async def _produce(self, utt: Utterance) -> None:
+        req, buffer = utt.req, utt.buffer
+        assert buffer is not None
+        opts = req.options(self.synthesis)
+        error: BaseException | None = None
+        try:
+            segments = req.segments().__aiter__()
+            while True:
+                utt.waiting_text = req.stream is not None
+                try:
+                    segment = await anext(segments)
+                except StopAsyncIteration:
+                    break
+                finally:
+                    utt.waiting_text = False
+                    self._progress()
+                async for chunk in self.engine.stream(segment, req.voice, opts):
+                    self._progress()
+                    await buffer.put(chunk)
+        except asyncio.CancelledError:
+            buffer.abort()
+            raise
+        except Exception as e:
+            error = e
+        finally:
+            req.timeline.synth_done = time.monotonic()
+        buffer.finish(error)
+
+    async def _play(self, utt: Utterance) -> None:
+        req, t = utt.req, utt.req.timeline
+        if utt.producer is None:
+            self._start_producer(utt)
+        assert utt.buffer is not None
+        buffer = utt.buffer
+        voice = req.voice or self.engine.catalog.default
+        fmt = self.engine.audio_format(voice)
+        self._emit("started", req)
+        log.info("%s started (queue %.0f ms)", req.id, (time.monotonic() - t.received) * 1000)
+        streams = [self.network_sinks[s].open(req.id, fmt) for s in req.sinks if s != "speaker"]
+        on_speaker = "speaker" in req.sinks
+        samples = 0
+        underruns = 0
+        error: str | None = None
+
+        def first_audio() -> None:
+            if t.first_audio is None:
+                t.first_audio = time.monotonic()
+
+        async def pcm() -> AsyncIterator[bytes]:
+            nonlocal samples, error
+            while True:
+                try:
+                    chunk = await buffer.get()
+                except Exception as e:  # the synthesis failed: play what came before it
+                    error = _describe(e)
+                    return
+                if chunk is None:
+                    return
+                data = to_pcm16(chunk.samples)
+                samples += len(chunk.samples)
+                for s in streams:
+                    s.write(data)
+                if not on_speaker:
+                    first_audio()
+                self._progress()
+                yield data
+
+        try:
+            if on_speaker:
+                assert self.speaker is not None
+                stats = await self.speaker.play(fmt, pcm(), first_audio)
+                underruns = stats.underruns
+                utt.cut = utt.cut or stats.cut
+            else:
+                async for _ in pcm():
+                    pass
+        except SpeakerUnavailable as e:
+            error = f"speaker unavailable: {e}"
+        except asyncio.CancelledError:
+            utt.cut = True
+        except Exception as e:
+            log.exception("%s: playback failed", req.id)
+            error = _describe(e)
+        finally:
+            if utt.producer and not utt.producer.done():
+                utt.producer.cancel()
+            outcome = "error" if error else ("stopped" if utt.cut else "finished")
+            for s in streams:
+                try:
+                    s.close(outcome)
+                except Exception:
+                    log.exception("%s: closing a sink failed", req.id)
+            t.finished = time.monotonic()
+            self._finish(utt, outcome, error, voice, samples / fmt.rate, underruns)
+
+    def _finish(self, utt: Utterance, outcome: str, error: str | None, voice: str,
+                audio_seconds: float, underruns: int) -> None:
+        req = utt.req
+        if req.stream:
+            req.stream.fail(RequestError(outcome))
+        rec = LatencyRecord.from_timeline(req.id, req.front, "+".join(req.sinks), voice,
+                                          req.timeline, audio_seconds, underruns,
+                                          "ok" if outcome == "finished" else outcome)
+        self.metrics.record(rec)
+        utt.lane.running.remove(utt)
+        self._ids.pop(req.id, None)
+        if error:
+            log.warning("%s failed: %s", req.id, error)
+        self._emit(outcome, req, error)
+        if not utt.done.done():
+            utt.done.set_result(outcome)
+        self._pump(utt.lane)
+
+
+def _describe(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    return text if isinstance(e, (RequestError, ValueError)) else f"synthesis failed: {text}"

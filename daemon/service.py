@@ -1,0 +1,272 @@
+"""``herald run``: build every part from the settings, start them, serve, stop cleanly.
+
+Like zigbee2mqtt's controller, each part (speaker, embedded broker, MQTT, Wyoming, HTTP)
+starts and stops inside its own error boundary: a part that fails is logged and the others
+keep serving. SIGTERM / SIGINT: the current utterance is cut, ``offline`` is published and
+the process exits 0 within a few seconds.
+
+systemd hooks (``notify_ready``, ``notify_status``, ``watchdog_progress``) call into
+``daemon.systemd`` when it is there and do nothing otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from tts import SynthesisOptions, VoiceCatalog, VoiceError
+
+from . import __version__
+from .context import Context
+from .engine import Engine, EngineSettings
+from .metrics import Metrics
+from .scheduler import Scheduler
+from .settings import ConfigError, Settings, load_settings
+
+_systemd: Any
+try:  # written separately; until it exists the hooks are no-ops
+    from . import systemd as _systemd  # type: ignore[attr-defined,no-redef,unused-ignore]
+except ImportError:  # pragma: no cover - depends on the tree
+    _systemd = None
+
+log = logging.getLogger("herald")
+
+STOP_BUDGET = 4.5  # seconds from the signal to exit, all parts together
+# Seconds without synthesis/playback progress (while busy) before the watchdog starves. Longer
+# than the speaker's jitter buffer, which drains without progress at an utterance's end.
+STALL_LIMIT = 60.0
+
+
+# --------------------------------------------------------------------------- systemd hooks
+
+
+def _hook(name: str, *args: Any) -> Any:
+    fn = getattr(_systemd, name, None) if _systemd is not None else None
+    if fn is None:
+        return None
+    try:
+        return fn(*args)
+    except Exception as e:  # a notification must never take the daemon down
+        log.debug("systemd.%s failed: %s", name, e)
+        return None
+
+
+def notify_ready() -> None:
+    """READY=1: herald is serving (systemd Type=notify)."""
+    _hook("ready")
+
+
+def notify_status(text: str) -> None:
+    """STATUS=…: one line shown by ``systemctl status``."""
+    _hook("status", text)
+
+
+def notify_stopping() -> None:
+    _hook("stopping")
+
+
+_watchdog: Any = None  # daemon.systemd.Watchdog while the service runs under a watchdog
+
+
+def watchdog_progress() -> None:
+    """Work advanced (a chunk synthesized or played): the watchdog may keep petting systemd.
+
+    The pets themselves come from ``daemon.systemd.Watchdog``'s task, only while herald is
+    idle or this was called within the last STALL_LIMIT seconds."""
+    if _watchdog is not None:
+        _watchdog.progress()
+
+
+def start_watchdog(busy: Callable[[], bool]) -> None:
+    global _watchdog
+    if _systemd is None or not hasattr(_systemd, "Watchdog") or not _hook("watchdog_enabled"):
+        return
+    try:
+        _watchdog = _systemd.Watchdog(busy=busy, stall_after=STALL_LIMIT)
+        _watchdog.start()
+    except Exception as e:
+        log.warning("systemd watchdog unavailable: %s", e)
+        _watchdog = None
+
+
+async def stop_watchdog() -> None:
+    global _watchdog
+    dog, _watchdog = _watchdog, None
+    if dog is not None:
+        await dog.stop()
+
+
+def setup_logging(level: str) -> None:
+    if _systemd is not None and hasattr(_systemd, "setup_logging"):
+        try:
+            _systemd.setup_logging(level)
+            return
+        except Exception as e:  # fall back to stderr
+            print(f"herald: journald logging unavailable ({e}); logging to stderr",
+                  file=sys.stderr)
+    logging.basicConfig(level=level, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+# --------------------------------------------------------------------------- the service
+
+
+class Part(Protocol):
+    name: str
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+class Service:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.parts: list[Part] = []  # started, in start order
+        self.ctx: Context | None = None
+        self.scheduler: Scheduler | None = None
+        self.mqtt: Any = None
+        self._stop = asyncio.Event()
+        self._last_status = ""
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._signal, sig)
+        t0 = time.monotonic()
+        await self.start()
+        log.info("herald %s ready in %.1f s (device %s)", __version__, time.monotonic() - t0,
+                 self.settings.device_id)
+        notify_ready()
+        self._status()
+        assert self.scheduler is not None
+        start_watchdog(self.scheduler.busy)
+        await self._stop.wait()
+        await stop_watchdog()
+        notify_stopping()
+        notify_status("stopping")
+        try:
+            await asyncio.wait_for(self.stop(), STOP_BUDGET)
+        except TimeoutError:
+            log.warning("stopping took longer than %.1f s; exiting anyway", STOP_BUDGET)
+        log.info("herald stopped")
+        return 0
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if not self._stop.is_set():
+            log.info("%s received: stopping", sig.name)
+        self._stop.set()
+
+    async def start(self) -> None:
+        s = self.settings
+        catalog = VoiceCatalog(s.voices.directories, default=s.voices.default)
+        engine = Engine(catalog, EngineSettings(threads=s.voices.threads,
+                                                workers=s.voices.workers))
+        metrics = Metrics()
+        self.ctx = ctx = Context(engine, metrics, __version__)
+        notify_status(f"loading voice {catalog.default}")
+        await engine.preload(catalog.default)
+
+        speaker = None
+        if s.speaker.enabled:
+            from .sinks.speaker import SpeakerSink
+
+            candidate = SpeakerSink(s.speaker, metrics)
+            if await self._start_part(candidate):
+                speaker = candidate
+        syn = s.synthesis
+        self.scheduler = Scheduler(engine, metrics, s.scheduler, SynthesisOptions(
+            length_scale=syn.length_scale, noise_scale=syn.noise_scale, noise_w=syn.noise_w,
+            gain=syn.gain, sentence_silence=syn.sentence_silence), speaker)
+        ctx.scheduler = self.scheduler
+        self.scheduler.on_progress = watchdog_progress
+        self.scheduler.add_listener(lambda ev: self._status())
+
+        if s.mqtt.enabled:
+            await self._start_mqtt()
+        if s.wyoming.enabled:
+            from .fronts.wyoming import WyomingFront
+
+            await self._start_part(WyomingFront(s.wyoming, ctx))
+        if s.http.enabled:
+            from .fronts.http import HttpFront
+
+            await self._start_part(HttpFront(s.http, ctx))
+
+    async def _start_mqtt(self) -> None:
+        from .broker import EmbeddedBroker
+        from .fronts.mqtt import MqttFront
+        from .sinks.mqtt_audio import MqttAudioSink
+        from .topics import Topics
+
+        s = self.settings
+        assert self.ctx is not None and self.scheduler is not None
+        mqtt_settings = s.mqtt
+        if not s.mqtt.host:
+            await self._start_part(EmbeddedBroker(s.mqtt.port))
+            if s.mqtt.protocol != "3.1.1":
+                mqtt_settings = s.mqtt.model_copy(update={"protocol": "3.1.1"})
+        topics = Topics(s.base_topic, s.device_id, s.mqtt.discovery.prefix)
+        front = MqttFront(mqtt_settings, self.ctx, topics, s.client_id, self.scheduler,
+                          host=s.mqtt.host or "127.0.0.1")
+        self.scheduler.register_sink(MqttAudioSink(front.publish, topics, s.mqtt.audio))
+        if await self._start_part(front):
+            self.mqtt = front
+
+    async def _start_part(self, part: Part) -> bool:
+        """Start one part inside its own error boundary; False (logged) if it failed."""
+        try:
+            await part.start()
+        except Exception as e:
+            log.error("%s failed to start: %s; herald keeps running without it", part.name, e)
+            log.debug("%s start failure", part.name, exc_info=True)
+            return False
+        self.parts.append(part)
+        return True
+
+    async def stop(self) -> None:
+        if self.scheduler is not None:
+            await self._guard("scheduler", self.scheduler.close(timeout=1.5))
+        for part in reversed(self.parts):
+            await self._guard(part.name, part.stop())
+        if self.ctx is not None:
+            self.ctx.engine.close()
+
+    async def _guard(self, name: str, aw: Awaitable[Any], timeout: float = 2.0) -> None:
+        try:
+            await asyncio.wait_for(aw, timeout)
+        except TimeoutError:
+            log.warning("%s did not stop within %.1f s", name, timeout)
+        except Exception as e:
+            log.error("%s failed to stop cleanly: %s", name, e)
+
+    def _status(self) -> None:
+        if self.scheduler is None:
+            return
+        snap = self.scheduler.snapshot()
+        text = f"{snap['state']}, {snap['queue']} queued"
+        if self.mqtt is not None:
+            text += ", MQTT " + ("connected" if self.mqtt.connected else "disconnected")
+        if text != self._last_status:
+            self._last_status = text
+            notify_status(text)
+
+
+def run(config_path: Path | None, overrides: list[str]) -> int:
+    """``herald run``: 0 after a clean stop, 2 on a configuration error."""
+    try:
+        settings = load_settings(config_path, overrides)
+    except ConfigError as e:
+        print(f"herald: config error: {e}", file=sys.stderr)
+        return 2
+    setup_logging(settings.log_level)
+    try:
+        return asyncio.run(Service(settings).run())
+    except VoiceError as e:
+        print(f"herald: config error: voices: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,369 @@
+"""herald's configuration: one pydantic-settings model, read from four places.
+
+Precedence, lowest first: the defaults below < the TOML file (``--config``, else
+``./herald.toml``, else ``/etc/herald/herald.toml``) < environment variables ``HERALD_…``
+(nested with ``__``: ``HERALD_MQTT__HOST``) < ``--set key.sub=value`` on the command line.
+
+A bad value stops start-up with one line naming the key, the problem and where the value
+came from (``ConfigError``); herald never starts half-configured. Unknown keys in the file
+or in ``--set`` are errors too, because a typo there would otherwise be silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import tomllib
+from collections.abc import Mapping
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from .fronts.http import HttpSettings
+from .fronts.wyoming import WyomingSettings
+from .sinks.speaker import SpeakerSettings
+
+ENV_PREFIX = "HERALD_"
+CONFIG_LOCATIONS = (Path("herald.toml"), Path("/etc/herald/herald.toml"))
+
+_DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+class ConfigError(Exception):
+    """A configuration problem, already phrased as the one line to show the user."""
+
+
+def hostname_device_id(hostname: str | None = None) -> str:
+    """The host name made safe for an MQTT topic level (lower case, [a-z0-9_-])."""
+    name = (hostname or socket.gethostname()).split(".")[0].lower()
+    name = re.sub(r"[^a-z0-9_-]+", "_", name).strip("_")
+    return name or "herald"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class VoicesSettings(_Section):
+    directories: list[Path] = []  # extra directories holding NAME.onnx + NAME.onnx.json
+    default: str | None = None  # None: the bundled en_US-joe-medium
+    threads: int = Field(1, ge=1, le=64)  # torch intra-op threads per synthesis
+    workers: int = Field(2, ge=1, le=32)  # syntheses running at the same time
+
+    @field_validator("default", mode="before")
+    @classmethod
+    def _empty_is_none(cls, v: Any) -> Any:
+        return None if v == "" else v
+
+
+class SynthesisSettings(_Section):
+    """Defaults for every request; None means the voice's own value."""
+
+    length_scale: float | None = Field(None, gt=0, le=10)
+    noise_scale: float | None = Field(None, ge=0, le=2)
+    noise_w: float | None = Field(None, ge=0, le=2)
+    gain: float = Field(1.0, gt=0, le=10)
+    sentence_silence: float = Field(0.0, ge=0, le=10)
+
+    @field_validator("length_scale", "noise_scale", "noise_w", mode="before")
+    @classmethod
+    def _empty_is_none(cls, v: Any) -> Any:
+        return None if v == "" else v
+
+
+class SchedulerSettings(_Section):
+    max_queue: int = Field(100, ge=1)  # utterances waiting, over all lanes; more are refused
+    parallel: int = Field(2, ge=1, le=32)  # network-only utterances synthesized at once
+    buffer_seconds: float = Field(120.0, gt=0)  # audio synthesized ahead of playback, at most
+    prefetch: bool = True  # synthesize the next speaker utterance while the current one plays
+
+
+class TlsSettings(_Section):
+    enabled: bool = False
+    ca: Path | None = None  # CA bundle; None: the system's
+    cert: Path | None = None  # client certificate (mutual TLS)
+    key: Path | None = None
+    insecure: bool = False  # skip the host name check (self-signed test brokers only)
+
+    @field_validator("ca", "cert", "key", mode="before")
+    @classmethod
+    def _empty_is_none(cls, v: Any) -> Any:
+        return None if v == "" else v
+
+
+class MqttAudioSettings(_Section):
+    chunk_ms: int = Field(100, ge=10, le=2000)
+    qos: int = Field(0, ge=0, le=2)
+    retain: bool = False
+
+
+class DiscoverySettings(_Section):
+    enabled: bool = True
+    prefix: str = "homeassistant"
+
+    @field_validator("prefix")
+    @classmethod
+    def _topic(cls, v: str) -> str:
+        return _check_topic(v, "discovery prefix")
+
+
+class HermesSettings(_Section):
+    enabled: bool = False
+    site_id: str = "default"
+
+
+class MqttSettings(_Section):
+    enabled: bool = True
+    host: str = ""  # empty: start the embedded broker on 127.0.0.1:port
+    port: int = Field(1883, ge=1, le=65535)
+    protocol: Literal["5", "3.1.1"] = "5"
+    username: str | None = None
+    password: str | None = None
+    tls: TlsSettings = Field(default_factory=TlsSettings)
+    client_id: str = ""  # empty: herald-<device_id> (fixed, so the broker keeps the session)
+    keepalive: int = Field(30, ge=5, le=3600)
+    session_expiry: int = Field(3600, gt=0)  # seconds the broker keeps our session offline
+    base_topic: str = ""  # empty: herald/<device_id>
+    max_age: float = Field(60.0, gt=0)  # a `say` with `ts` older than this is refused
+    max_text: int = Field(10_000, ge=1)  # characters per request (and per stream)
+    stream_timeout: float = Field(30.0, gt=0)  # say/stream: seconds without a piece -> error
+    audio: MqttAudioSettings = Field(default_factory=MqttAudioSettings)
+    discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
+    hermes: HermesSettings = Field(default_factory=HermesSettings)
+
+    @field_validator("protocol", mode="before")
+    @classmethod
+    def _protocol(cls, v: Any) -> Any:
+        text = str(v).strip().lower().removeprefix("mqtt").removeprefix("v")
+        if text in ("5", "5.0"):
+            return "5"
+        if text in ("3.1.1", "311", "4"):
+            return "3.1.1"
+        return v
+
+    @field_validator("username", "password", mode="before")
+    @classmethod
+    def _empty_is_none(cls, v: Any) -> Any:
+        return None if v == "" else v
+
+    @field_validator("base_topic")
+    @classmethod
+    def _base(cls, v: str) -> str:
+        return _check_topic(v, "base topic") if v else v
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__",
+                                      case_sensitive=False, extra="forbid")
+
+    device_id: str = Field(default_factory=hostname_device_id)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    voices: VoicesSettings = Field(default_factory=VoicesSettings)
+    synthesis: SynthesisSettings = Field(default_factory=SynthesisSettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    mqtt: MqttSettings = Field(default_factory=MqttSettings)
+    speaker: SpeakerSettings = Field(default_factory=SpeakerSettings)
+    wyoming: WyomingSettings = Field(default_factory=WyomingSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
+
+    @field_validator("device_id")
+    @classmethod
+    def _device_id(cls, v: str) -> str:
+        if not _DEVICE_ID_RE.match(v):
+            raise ValueError("use letters, digits, '-' and '_' only (it is an MQTT topic level)")
+        return v
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
+
+    @property
+    def base_topic(self) -> str:
+        return self.mqtt.base_topic or f"herald/{self.device_id}"
+
+    @property
+    def client_id(self) -> str:
+        return self.mqtt.client_id or f"herald-{self.device_id}"
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings],
+                                   init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # First wins: --set (passed as init arguments), then the environment, then the file.
+        loading = _loading.get()
+        if loading is None:
+            return init_settings, env_settings
+        file_data, environ = loading
+        return init_settings, _EnvSource(settings_cls, environ), _FileSource(settings_cls,
+                                                                             file_data)
+
+
+def _check_topic(v: str, what: str) -> str:
+    if not v or v.startswith("/") or v.endswith("/") or "//" in v or any(c in v for c in "+#"):
+        raise ValueError(f"{what} must be a topic like 'a/b': no wildcards, no empty levels")
+    return v
+
+
+# The TOML data and the environment for the Settings being built by load_settings (a context
+# variable, so loading is re-entrant and tests can pass their own environment).
+_loading: ContextVar[tuple[dict[str, Any], Mapping[str, str]] | None] = ContextVar(
+    "herald_settings_loading", default=None)
+
+
+class _EnvSource(EnvSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = environ  # read by _load_env_vars during super().__init__
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        if self.case_sensitive:
+            return dict(self._environ)
+        return {k.lower(): v for k, v in self._environ.items()}
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self.data = data
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self.data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self.data)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def find_config(path: Path | None) -> Path | None:
+    if path is not None:
+        if not path.is_file():
+            raise ConfigError(f"config file {path} not found")
+        return path
+    for candidate in CONFIG_LOCATIONS:
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["mqtt.port=1884", "voices.directories=[\"/v\"]"]`` -> nested dict.
+
+    Values starting with ``[`` or ``{`` are JSON; everything else stays a string for the
+    model to parse (so ``007`` stays a string for a string field).
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set mqtt.port=1884")
+        value: Any = raw
+        if raw.strip()[:1] in ("[", "{"):
+            try:
+                value = json.loads(raw)
+            except ValueError as e:
+                raise ConfigError(f"--set {key}: value is not valid JSON ({e})") from None
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {key}: {part} is given both as a value and a section")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def _unknown_keys(data: Mapping[str, Any], model: type[BaseModel], prefix: str = ""
+                  ) -> list[str]:
+    """Dotted keys in ``data`` that no field of ``model`` (or its sections) accepts."""
+    unknown = []
+    for key, value in data.items():
+        field = model.model_fields.get(key)
+        if field is None:
+            unknown.append(prefix + key)
+            continue
+        ann = field.annotation
+        if isinstance(value, Mapping) and isinstance(ann, type) and issubclass(ann, BaseModel):
+            unknown += _unknown_keys(value, ann, f"{prefix}{key}.")
+    return unknown
+
+
+def _lookup(data: Mapping[str, Any], loc: tuple[Any, ...]) -> tuple[bool, Any]:
+    node: Any = data
+    for part in loc:
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _origin(loc: tuple[Any, ...], overrides: dict[str, Any], environ: Mapping[str, str],
+            file_data: dict[str, Any], path: Path | None) -> str:
+    """Where the value at ``loc`` came from, for the error line."""
+    if _lookup(overrides, loc)[0]:
+        return "from --set"
+    env_name = ENV_PREFIX + "__".join(str(p) for p in loc).upper()
+    for name in environ:
+        if name.upper() == env_name:
+            return f"from {name}"
+    if _lookup(file_data, loc)[0]:
+        return f"in {path}"
+    return ""
+
+
+def load_settings(config_path: Path | None = None, overrides: list[str] | None = None,
+                  environ: Mapping[str, str] | None = None) -> Settings:
+    """Build the settings, or raise ConfigError with the one line to print."""
+    environ = os.environ if environ is None else environ
+    path = find_config(config_path)
+    file_data = read_toml(path) if path else {}
+    override_data = parse_overrides(overrides or [])
+    for where, data in ((str(path), file_data), ("--set", override_data)):
+        unknown = _unknown_keys(data, Settings)
+        if unknown:
+            raise ConfigError(f"{unknown[0]}: unknown setting ({where}); see "
+                              "config/herald.toml for every key")
+    token = _loading.set((file_data, environ))
+    try:
+        return Settings(**override_data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = tuple(p for p in err["loc"] if not isinstance(p, int)) or ("(root)",)
+        key = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        got = err.get("input")
+        origin = _origin(loc, override_data, environ, file_data, path)
+        detail = ", ".join(s for s in (f"got {got!r}" if not isinstance(got, dict) else "",
+                                       origin) if s)
+        more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+        raise ConfigError(f"{key}: {msg}" + (f" ({detail})" if detail else "") + more) from None
+    finally:
+        _loading.reset(token)

@@ -1,0 +1,178 @@
+"""Runs the speaker sink in its own process, for tests/test_speaker.py.
+
+PortAudio reads the ALSA configuration once, when sounddevice is imported, so each test
+starts this script with ``ALSA_CONFIG_PATH`` pointing the default PCM at a file or a FIFO.
+
+Usage: ``python tests/speaker_driver.py SPEC.json``; prints one JSON line per play.
+
+With ``fifo`` in the spec, this process also plays the part of the sound card's clock: a
+thread reads the FIFO (shrunk to one page) at ``bytes_per_second`` and appends what it reads
+to ``out``. ALSA's null/file plugins take audio as fast as it is written; the pacer makes
+the device consume in real time, like hardware, so pre-roll, underruns, cut and drain mean
+what they mean on a real speaker. It must be reading before sounddevice is imported
+(PortAudio opens the default PCM while it scans devices, and the FIFO blocks until read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+F_SETPIPE_SZ = 1031
+
+
+class Pacer:
+    """Reads a FIFO at a fixed byte rate: a stand-in for a sound card's clock."""
+
+    def __init__(self, fifo: str, out: str, bytes_per_second: float,
+                 hold: dict[str, float] | None = None) -> None:
+        self.fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        fcntl.fcntl(self.fd, F_SETPIPE_SZ, 4096)
+        os.set_blocking(self.fd, True)
+        self.out = open(out, "wb")  # noqa: SIM115 - closed at exit
+        self.rate = bytes_per_second
+        self.consumed = 0
+        # {"after_bytes": N, "seconds": S}: stop reading for S seconds once N bytes are in,
+        # like a sound card whose driver hangs.
+        self.hold = hold
+        threading.Thread(target=self._run, daemon=True, name="pacer").start()
+
+    async def quiet(self, settle: float = 0.3) -> None:
+        """Wait until nothing has arrived for ``settle`` seconds."""
+        seen, since = self.consumed, time.monotonic()
+        while time.monotonic() - since < settle:
+            await asyncio.sleep(0.02)
+            if self.consumed != seen:
+                seen, since = self.consumed, time.monotonic()
+
+    def _run(self) -> None:
+        due = time.monotonic()
+        while True:
+            data = os.read(self.fd, 512)
+            if not data:  # no writer connected right now (between opens)
+                time.sleep(0.005)
+                continue
+            self.out.write(data)
+            self.out.flush()
+            self.consumed += len(data)
+            if self.hold and self.consumed >= self.hold["after_bytes"]:
+                time.sleep(self.hold["seconds"])
+                self.hold = None
+            now = time.monotonic()
+            due = max(due, now - 0.01) + len(data) / self.rate
+            if due > now:
+                time.sleep(due - now)
+
+
+async def chunks(pcm: bytes, chunk_bytes: int, play: dict[str, Any], state: dict[str, Any],
+                 sink: Any) -> AsyncIterator[bytes]:
+    pause = play.get("pause")  # {"at": chunk index, "extra": seconds of starvation}
+    rate_bytes = play["rate"] * 2
+    count = (len(pcm) + chunk_bytes - 1) // chunk_bytes
+    for i in range(count):
+        if pause and i == pause["at"]:
+            # Wait until what was sent has played, then starve the device for `extra` s.
+            while state["first_audio"] is None:
+                await asyncio.sleep(0.01)
+            played_by = state["first_audio"] + i * chunk_bytes / rate_bytes + pause["extra"]
+            await asyncio.sleep(max(0.0, played_by - time.monotonic()))
+        if play.get("slow"):
+            await asyncio.sleep(play["slow"])
+        if play.get("fail_at_chunk") == i:
+            raise RuntimeError("synthesis failed (on purpose)")
+        state["sent"] = i + 1
+        yield pcm[i * chunk_bytes:(i + 1) * chunk_bytes]
+        if play.get("cut_after_chunk") == i:
+            await asyncio.sleep(0.05)
+            sink.cut()
+    state["last_sent"] = time.monotonic()
+
+
+async def main(spec: dict[str, Any]) -> None:
+    pacer = Pacer(spec["fifo"], spec["out"], spec["bytes_per_second"], spec.get("hold")) \
+        if spec.get("fifo") else None
+
+    from daemon.metrics import Metrics
+    from daemon.sinks.speaker import SpeakerSettings, SpeakerSink, SpeakerUnavailable
+    from tts import AudioFormat
+
+    sink = SpeakerSink(SpeakerSettings(**spec.get("settings", {})), Metrics())
+    await sink.start(AudioFormat(spec["start_rate"]) if spec.get("start_rate") else None)
+    for play in spec["plays"]:
+        if pacer:  # once the device is quiet, what the pacer got so far is all the previous
+            await pacer.quiet()  # plays' audio, and this play's starts at the current count
+        consumed_before = pacer.consumed if pacer else None
+        await asyncio.sleep(play.get("sleep_before", 0.0))
+        for key, value in play.get("settings", {}).items():
+            setattr(sink.settings, key, value)
+        if "device" in play:
+            sink.device = play["device"]
+        if "volume" in play:
+            sink.volume = play["volume"]
+        pcm = Path(play["pcm"]).read_bytes()
+        state: dict[str, Any] = {"first_audio": None, "sent": 0, "last_sent": None,
+                                 "sent_at_first_audio": None}
+
+        def first_audio(state: dict[str, Any] = state) -> None:
+            state["first_audio"] = time.monotonic()
+            state["sent_at_first_audio"] = state["sent"]
+
+        async def after_first_audio(delay: float, action: Any,
+                                    state: dict[str, Any] = state) -> None:
+            while state["first_audio"] is None:
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(delay)
+            action()
+
+        helpers = []
+        if play.get("cut_after_first_audio") is not None:
+            helpers.append(asyncio.create_task(
+                after_first_audio(play["cut_after_first_audio"], sink.cut)))
+        if play.get("volume_after_first_audio") is not None:
+            delay, value = play["volume_after_first_audio"]
+            helpers.append(asyncio.create_task(
+                after_first_audio(delay, lambda v=value: setattr(sink, "volume", v))))
+        result: dict[str, Any] = {"error": None, "stats": None, "cancelled": False}
+        t0 = time.monotonic()
+        task = asyncio.create_task(sink.play(
+            AudioFormat(play["rate"]), chunks(pcm, play.get("chunk_bytes", 4096), play, state,
+                                              sink), first_audio))
+        if play.get("cancel_after_first_audio") is not None:  # what SIGTERM does to a play
+            helpers.append(asyncio.create_task(
+                after_first_audio(play["cancel_after_first_audio"], task.cancel)))
+        try:
+            result["stats"] = (await task).__dict__
+        except SpeakerUnavailable as e:
+            result["error"] = str(e)
+        except asyncio.CancelledError:
+            result["cancelled"] = True
+        except RuntimeError as e:  # the source's own error, handed through
+            result["source_error"] = str(e)
+        result["consumed_before"] = consumed_before
+        result["consumed_at_return"] = pacer.consumed if pacer else None
+        result["file_size"] = os.path.getsize(spec["file"]) if spec.get("file") and \
+            os.path.exists(spec["file"]) else None
+        result["seconds"] = time.monotonic() - t0
+        result["sent_at_first_audio"] = state["sent_at_first_audio"]
+        result["chunks"] = (len(pcm) + play.get("chunk_bytes", 4096) - 1) // play.get(
+            "chunk_bytes", 4096)
+        for task in helpers:
+            task.cancel()
+        print(json.dumps(result), flush=True)
+    await sink.stop()
+    if pacer:
+        await pacer.quiet()  # let the pacer take what is still in the pipe
+        print(json.dumps({"consumed_total": pacer.consumed}), flush=True)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    asyncio.run(main(json.loads(Path(sys.argv[1]).read_text())))

@@ -1,0 +1,697 @@
+"""herald run against a real Mosquitto: the MQTT front, the scheduler, the MQTT audio sink,
+the speaker path into ALSA's file plugin, broker outages, bad input and shutdown.
+
+One daemon (a subprocess, like systemd would run it) serves the whole module; the tests
+talk to it with paho like any automation would. The network lane runs one utterance at a
+time here (scheduler.parallel = 1) so queue order, priority, interrupt and stop are visible
+on the MQTT audio sink; tests/test_scheduler.py covers the parallel case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import paho.mqtt.client as mqtt
+import pytest
+from audio_checks import assert_speech, pcm16
+from conftest import ROOT, AlsaFile, Broker, alsa_file_env, free_port, wait_port
+from paho.mqtt.enums import CallbackAPIVersion
+
+from daemon.request import Limits, RequestError, parse_say, parse_stream_piece
+from tts import SynthesisOptions, to_pcm16
+
+DEVICE = "testdev"
+BASE = f"herald/{DEVICE}"
+WAIT = 90.0  # hang guard for anything herald has to synthesize
+
+LONG_TEXT = (
+    "This is a long announcement that keeps going for quite a while, so that other "
+    "requests arrive while it is still being spoken. It talks about the weather, the "
+    "garden, the trains that run late on Sundays, and the many small things a house "
+    "might want to say out loud during a long and uneventful afternoon at home."
+)
+
+
+@dataclass
+class Msg:
+    topic: str
+    payload: bytes
+    retain: bool
+    at: float
+
+    def json(self) -> Any:
+        return json.loads(self.payload)
+
+
+class Client:
+    """A paho client that records everything under herald's base topic."""
+
+    def __init__(self, port: int, client_id: str = "", clean: bool = True,
+                 topics: tuple[str, ...] = (f"{BASE}/#", "homeassistant/#", "hermes/tts/#")
+                 ) -> None:
+        self.msgs: list[Msg] = []
+        self.cond = threading.Condition()
+        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
+                             protocol=mqtt.MQTTv311, clean_session=clean)
+        self.c.reconnect_delay_set(1, 2)
+        subscribed = threading.Event()
+        self.c.on_connect = lambda c, u, f, rc, p: c.subscribe([(t, 1) for t in topics])
+        self.c.on_subscribe = lambda *a: subscribed.set()
+        self.c.on_message = self._on_message
+        self.c.connect("127.0.0.1", port, keepalive=10)
+        self.c.loop_start()
+        assert subscribed.wait(10), "test client could not subscribe"
+
+    def _on_message(self, c: Any, u: Any, m: mqtt.MQTTMessage) -> None:
+        with self.cond:
+            self.msgs.append(Msg(m.topic, m.payload, bool(m.retain), time.monotonic()))
+            self.cond.notify_all()
+
+    def publish(self, topic: str, payload: bytes | str, qos: int = 1,
+                retain: bool = False) -> None:
+        full = topic if topic.startswith(("herald/", "homeassistant/", "hermes/")) else (
+            f"{BASE}/{topic}")
+        info = self.c.publish(full, payload, qos, retain)
+        if self.c.is_connected():
+            info.wait_for_publish(10)
+
+    def say(self, **fields: Any) -> str:
+        self.publish("say", json.dumps(fields))
+        return str(fields.get("id"))
+
+    def wait(self, pred: Callable[[list[Msg]], Any], timeout: float = WAIT,
+             what: str = "condition") -> Any:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                result = pred(self.msgs)
+                if result:
+                    return result
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    pytest.fail(f"timed out waiting for {what}; last messages: "
+                                f"{[(m.topic, m.payload[:80]) for m in self.msgs[-8:]]}")
+                self.cond.wait(left)
+
+    def events(self, rid: str | None = None) -> list[dict[str, Any]]:
+        with self.cond:
+            evs = [m.json() for m in self.msgs if m.topic == f"{BASE}/event"]
+        return [e for e in evs if rid is None or e.get("id") == rid]
+
+    def wait_event(self, rid: str, kinds: tuple[str, ...] = ("finished", "stopped", "error"),
+                   timeout: float = WAIT) -> dict[str, Any]:
+        def done(msgs: list[Msg]) -> Any:
+            for m in msgs:
+                if m.topic == f"{BASE}/event":
+                    ev = m.json()
+                    if ev.get("id") == rid and ev.get("event") in kinds:
+                        return ev
+            return None
+        return self.wait(done, timeout, f"{kinds} for {rid}")
+
+    def audio(self, rid: str) -> tuple[dict[str, Any], bytes, dict[str, Any]]:
+        """start JSON, the chunks joined in seq order, stop JSON."""
+        self.wait(lambda ms: any(m.topic == f"{BASE}/audio/{rid}/stop" for m in ms),
+                  what=f"audio stop of {rid}")
+        with self.cond:
+            mine = [m for m in self.msgs if m.topic.startswith(f"{BASE}/audio/{rid}/")]
+        start = next(m.json() for m in mine if m.topic.endswith("/start"))
+        stop = next(m.json() for m in mine if m.topic.endswith("/stop"))
+        chunks = sorted((int(m.topic.rsplit("/", 1)[1]), m.payload) for m in mine
+                        if "/chunk/" in m.topic)
+        assert [seq for seq, _ in chunks] == list(range(len(chunks))), "missing chunks"
+        return start, b"".join(p for _, p in chunks), stop
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+@dataclass
+class Herald:
+    proc: subprocess.Popen[bytes]
+    log: Path
+    alsa: AlsaFile
+    broker: Broker
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def herald_env(extra: dict[str, str] | None = None, base: dict[str, str] | None = None
+               ) -> dict[str, str]:
+    env = {k: v for k, v in (base or os.environ).items() if not k.startswith("HERALD_")}
+    env.update(extra or {})
+    return env
+
+
+def start_herald(config: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "daemon.cli", "run", "--config", str(config)],
+                            cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+@pytest.fixture(scope="module")
+def herald(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Herald]:
+    tmp = tmp_path_factory.mktemp("herald-mqtt")
+    # Mosquitto started as root drops to the `mosquitto` user, which can't enter pytest's
+    # private tmp dir: without a directory it can write, it silently loses its sessions
+    # and retained messages on restart (what the outage test is about).
+    workdir = Path(tempfile.mkdtemp(prefix="herald-test-broker-"))
+    workdir.chmod(0o777)
+    broker = Broker(free_port(), workdir)
+    broker.start()
+    alsa = alsa_file_env(tmp / "alsa")
+    config = tmp / "herald.toml"
+    config.write_text(f"""
+device_id = "{DEVICE}"
+[mqtt]
+host = "127.0.0.1"
+port = {broker.port}
+stream_timeout = 20
+[mqtt.hermes]
+enabled = true
+site_id = "hall"
+[scheduler]
+parallel = 1
+[wyoming]
+enabled = false
+[http]
+enabled = false
+""")
+    log = tmp / "herald.log"
+    proc = start_herald(config, herald_env(base=alsa.env), log)
+    h = Herald(proc, log, alsa, broker)
+    watcher = Client(broker.port)
+    try:
+        watcher.wait(lambda ms: any(m.topic == f"{BASE}/availability" and m.payload == b"online"
+                                    for m in ms), 60, "herald online")
+    except BaseException:
+        proc.kill()
+        print(h.output())
+        raise
+    finally:
+        watcher.close()
+    yield h
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+    broker.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+    print(h.output()[-5000:])
+
+
+@pytest.fixture
+def client(herald: Herald) -> Iterator[Client]:
+    c = Client(herald.broker.port)
+    yield c
+    c.close()
+    assert herald.proc.poll() is None, "herald died:\n" + herald.output()[-3000:]
+
+
+def reference_pcm(synth: Any, sentences: list[str], seed: int) -> np.ndarray:
+    """What herald should produce: each text segment streamed with the same seed."""
+    parts = [c.samples for s in sentences for c in synth.stream(s, SynthesisOptions(seed=seed))]
+    return np.frombuffer(to_pcm16(np.concatenate(parts)), dtype="<i2")
+
+
+def assert_pcm_equal(got: bytes, want: np.ndarray) -> None:
+    g = np.frombuffer(got, dtype="<i2").astype(np.int32)
+    assert len(g) == len(want), f"{len(g)} samples, expected {len(want)}"
+    diff = np.abs(g - want.astype(np.int32)).max()
+    assert diff <= 2, f"audio differs from the reference by up to {diff} LSB"
+
+
+# --------------------------------------------------------------------------- payloads
+
+
+@pytest.fixture
+def limits(catalog: Any) -> Limits:
+    return Limits(max_text=200, default_sinks=("speaker",), max_age=60.0,
+                  resolve_voice=lambda name: catalog.resolve(name).name)
+
+
+def test_say_payload_plain_text_and_json(limits: Limits) -> None:
+    plain = parse_say(b"Hello, kitchen.", limits)
+    assert plain.text == "Hello, kitchen." and plain.voice == "en_US-joe-medium"
+    assert plain.sinks == ("speaker",) and plain.mode == "queue" and len(plain.id) == 8
+    assert plain.id != parse_say(b"Hello again.", limits).id
+    full = parse_say(json.dumps({
+        "text": "Grüße!", "id": "r-1", "voice": "en_US-joe-medium", "speaker": 0, "rate": 1.2,
+        "volume": 0.5, "mode": "interrupt", "priority": 2, "sinks": ["mqtt", "speaker"],
+        "ts": time.time(), "seed": 4, "noise_scale": 0, "noise_w": 0}).encode(), limits)
+    assert (full.id, full.text, full.rate, full.volume, full.mode, full.priority) == (
+        "r-1", "Grüße!", 1.2, 0.5, "interrupt", 2)
+    assert full.sinks == ("mqtt", "speaker") and full.seed == 4
+    opts = full.options(SynthesisOptions(gain=2.0, sentence_silence=0.1))
+    assert (opts.length_scale, opts.gain, opts.noise_scale, opts.seed) == (1.2, 1.0, 0, 4)
+
+
+@pytest.mark.parametrize("payload, message", [
+    (b"", "empty text"), (b"   \n", "empty text"), (b"x" * 201, "limit is 200"),
+    (b"\xff\xfe", "not valid UTF-8"), (b"abc\x00def", "binary data"),
+    (b'{"text": "hi"', "malformed JSON"), (b'{"text": ""}', "empty text"),
+    (b'{"txt": "hi"}', "text: required field missing"), (b'{"text": "hi", "x": 1}', "x: unknown"),
+    (b'{"text": "hi", "voice": "nobody"}', "unknown voice"),
+    (b'{"text": "hi", "rate": 0}', "rate: Input should be greater than 0"),
+    (b'{"text": "hi", "mode": "now"}', "mode: Input should be 'queue' or 'interrupt'"),
+    (b'{"text": "hi", "priority": true}', "priority"),
+    (b'{"text": "hi", "sinks": "mqtt"}', "sinks"), (b'{"text": "hi", "id": "a+b"}', "id"),
+    (b'{"text": "hi", "ts": 1}', "not spoken late"),
+])
+def test_say_payload_errors(limits: Limits, payload: bytes, message: str) -> None:
+    with pytest.raises(RequestError, match=re.escape(message)):
+        parse_say(payload, limits)
+
+
+def test_stream_piece_payload() -> None:
+    p = parse_stream_piece(b'{"id": "s1", "seq": 2, "text": "more ", "final": true}')
+    assert (p.id, p.seq, p.text, p.final) == ("s1", 2, "more ", True)
+    with pytest.raises(RequestError, match="id: required"):
+        parse_stream_piece(b'{"text": "x"}')
+    with pytest.raises(RequestError, match="seq"):
+        parse_stream_piece(b'{"id": "s1", "seq": -1, "text": "x"}')
+
+
+# --------------------------------------------------------------------------- audio out
+
+
+def test_mqtt_sink_audio_equals_synthesis(client: Client, synth: Any) -> None:
+    text = "The kitchen timer is done. Dinner is ready!"
+    client.say(id="ref1", text=text, sinks=["mqtt"], seed=7)
+    assert client.wait_event("ref1")["event"] == "finished"
+    start, pcm, stop = client.audio("ref1")
+    assert start == {"rate": synth.sample_rate, "width": 2, "channels": 1}
+    chunk = round(synth.sample_rate * 0.1) * 2
+    sizes = [len(m.payload) for m in client.msgs if "/audio/ref1/chunk/" in m.topic]
+    assert all(s == chunk for s in sizes[:-1]) and 0 < sizes[-1] <= chunk
+    assert stop["chunks"] == len(sizes) and stop["samples"] == len(pcm) // 2
+    assert_pcm_equal(pcm, reference_pcm(synth, [text], 7))
+    assert_speech(pcm16(pcm), synth.sample_rate, min_seconds=1.5)
+
+
+def test_say_events_latency_and_speaker(client: Client, herald: Herald, synth: Any) -> None:
+    before = len(herald.alsa.pcm())
+    client.say(id="spk1", text="The front door is open.")
+    end = client.wait_event("spk1")
+    assert end["event"] == "finished", end
+    kinds = [e["event"] for e in client.events("spk1")]
+    assert kinds == ["queued", "started", "finished"]
+    rec = client.wait(lambda ms: next((m.json() for m in ms if m.topic == f"{BASE}/latency"
+                                       and m.json()["id"] == "spk1"), None), what="latency")
+    assert set(rec) == {"id", "front", "sink", "voice", "queue_ms", "first_audio_ms",
+                        "synth_ms", "audio_ms", "rtf", "underruns", "outcome"}
+    assert (rec["front"], rec["sink"], rec["outcome"]) == ("mqtt", "speaker", "ok")
+    assert rec["voice"] == "en_US-joe-medium"
+    assert 0 <= rec["queue_ms"] <= rec["first_audio_ms"] and rec["audio_ms"] > 500
+    assert rec["rtf"] > 0 and rec["synth_ms"] > 0
+    # the speaker wrote the utterance into ALSA's file plugin
+    played = pcm16(herald.alsa.pcm()[before:])
+    assert_speech(played, synth.sample_rate, min_seconds=rec["audio_ms"] / 1000 * 0.9)
+    client.wait(lambda ms: any(m.topic == f"{BASE}/status" and m.json()["state"] == "idle"
+                               and (m.json()["last_latency"] or {}).get("id") == "spk1"
+                               for m in ms), 30, "idle status with the last latency")
+
+
+def test_say_stream_speaks_before_the_text_is_complete(client: Client, synth: Any) -> None:
+    sentences = ["Here is the forecast for today.",
+                 "Clouds in the morning, then plenty of sun later on.",
+                 "Take a jacket anyway."]
+    words = " ".join(sentences).split(" ")
+    pieces = [" ".join(words[i:i + 3]) + (" " if i + 3 < len(words) else "")
+              for i in range(0, len(words), 3)]
+    for seq, piece in enumerate(pieces[:-1]):
+        client.publish("say/stream", json.dumps({"id": "st1", "seq": seq, "text": piece,
+                                                 "final": False, "sinks": ["mqtt"],
+                                                 "seed": 3}))
+    # herald must start speaking while the last piece is still unsent
+    client.wait(lambda ms: any(m.topic == f"{BASE}/audio/st1/chunk/0" for m in ms),
+                what="first audio of the stream")
+    client.publish("say/stream", json.dumps({"id": "st1", "seq": len(pieces) - 1,
+                                             "text": pieces[-1], "final": True}))
+    assert client.wait_event("st1")["event"] == "finished"
+    assert [e["event"] for e in client.events("st1")] == ["queued", "started", "finished"]
+    _, pcm, _ = client.audio("st1")
+    assert_pcm_equal(pcm, reference_pcm(synth, sentences, 3))
+
+
+def test_say_stream_reorders_pieces_and_refuses_a_bad_stream_whole(client: Client,
+                                                                    synth: Any) -> None:
+    piece = {"id": "oo", "sinks": ["mqtt"], "seed": 5}
+    client.publish("say/stream", json.dumps({**piece, "seq": 1, "text": "world. See"}))
+    client.publish("say/stream", json.dumps({**piece, "seq": 0, "text": "Hello "}))
+    client.publish("say/stream", json.dumps({**piece, "seq": 2, "text": " you.", "final": True}))
+    client.publish("say/stream", json.dumps({**piece, "seq": 2, "text": " you."}))  # late dup
+    assert client.wait_event("oo")["event"] == "finished"
+    _, pcm, _ = client.audio("oo")
+    assert_pcm_equal(pcm, reference_pcm(synth, ["Hello world.", "See you."], 5))
+
+    client.publish("say/stream", json.dumps({"id": "rf", "seq": 0, "text": "Hi ",
+                                             "voice": "xx_XX-nobody-low"}))
+    client.publish("say/stream", json.dumps({"id": "rf", "seq": 1, "text": "there.",
+                                             "final": True}))
+    client.wait(lambda ms: len([m for m in ms if m.topic == f"{BASE}/event"
+                                and m.json().get("id") == "rf"]) >= 2, 30, "two errors for rf")
+    errors = client.events("rf")
+    assert [e["event"] for e in errors] == ["error", "error"]
+    assert "unknown voice" in errors[0]["error"] and "already ended" in errors[1]["error"]
+
+
+# --------------------------------------------------------------------------- queue control
+
+
+def _started_order(client: Client, ids: set[str]) -> list[str]:
+    return [e["id"] for e in client.events() if e["event"] == "started" and e["id"] in ids]
+
+
+def test_priority_jumps_the_queue(client: Client) -> None:
+    client.say(id="pA", text=LONG_TEXT, sinks=["mqtt"])
+    client.wait_event("pA", ("started",))
+    client.say(id="pB", text="Second.", sinks=["mqtt"])
+    client.say(id="pC", text="Urgent.", sinks=["mqtt"], priority=5)
+    client.wait_event("pC", ("queued",))
+    client.publish("stop", json.dumps({"id": "pA"}))
+    assert client.wait_event("pA")["event"] == "stopped"
+    assert client.wait_event("pB")["event"] == "finished"
+    assert client.wait_event("pC")["event"] == "finished"
+    assert _started_order(client, {"pA", "pB", "pC"}) == ["pA", "pC", "pB"]
+
+
+def test_interrupt_cuts_the_current_utterance(client: Client) -> None:
+    client.say(id="iA", text=LONG_TEXT, sinks=["mqtt"])
+    client.wait_event("iA", ("started",))
+    client.say(id="iB", text="Someone is at the door.", sinks=["mqtt"], mode="interrupt")
+    assert client.wait_event("iB")["event"] == "finished"
+    a = [e["event"] for e in client.events("iA")]
+    assert a == ["queued", "started", "stopped"]
+    evs = [(e["id"], e["event"]) for e in client.events() if e.get("id") in ("iA", "iB")]
+    assert evs.index(("iA", "stopped")) < evs.index(("iB", "started"))
+    _, _, stop = client.audio("iA")
+    assert stop["outcome"] == "stopped"
+
+
+def test_stop_by_id_and_stop_all(client: Client) -> None:
+    client.say(id="sA", text=LONG_TEXT, sinks=["mqtt"])
+    client.wait_event("sA", ("started",))
+    client.say(id="sB", text="Not this one.", sinks=["mqtt"])
+    client.say(id="sC", text="Nor this one.", sinks=["mqtt"])
+    client.wait_event("sC", ("queued",))
+    client.publish("stop", json.dumps({"id": "sB"}))
+    assert client.wait_event("sB")["event"] == "stopped"
+    client.publish("stop", "PRESS")
+    assert client.wait_event("sA")["event"] == "stopped"
+    assert client.wait_event("sC")["event"] == "stopped"
+    assert _started_order(client, {"sA", "sB", "sC"}) == ["sA"]
+    client.publish("stop", json.dumps({"id": "nobody"}))
+    err = client.wait_event("nobody", ("error",))
+    assert "nothing queued or playing" in err["error"]
+
+
+# --------------------------------------------------------------------------- bad input
+
+MB_TEXT = b"blah " * 200_000
+BAD_UTF8 = b"caf\xc3\x28 \xff\xfe"
+JUNK = b"\x00\x01\x02\x03PK\x03\x04\x1b[2J"
+BAD_INPUT: list[tuple[str, bytes]] = [
+    ("say", b""), ("say", MB_TEXT), ("say", BAD_UTF8), ("say", b'{"text": "hi",'),
+    ("say", b'{"text": "hi", "voice": "xx_XX-nobody-low"}'), ("say", JUNK),
+    ("say", b'{"text": 5}'), ("say", b'{"text": "hi", "rate": "fast"}'),
+    ("say", b'{"text": "hi", "sinks": ["tv"]}'), ("say", b'{"text": "hi", "id": "a/#"}'),
+    ("say/stream", b""), ("say/stream", MB_TEXT), ("say/stream", BAD_UTF8),
+    ("say/stream", b'{"id": "x1", "text": "hi"'), ("say/stream", JUNK),
+    ("say/stream", b'{"id": "x2", "seq": 0, "text": "hi", "voice": "xx_XX-nobody-low"}'),
+    ("say/stream", b'{"text": "no id"}'),
+    ("stop", MB_TEXT), ("stop", BAD_UTF8), ("stop", b'{"id": '), ("stop", JUNK),
+    ("set/volume", b""), ("set/volume", MB_TEXT), ("set/volume", BAD_UTF8),
+    ("set/volume", b"{"), ("set/volume", b"loud"), ("set/volume", b"1.5"), ("set/volume", JUNK),
+    ("set/voice", b""), ("set/voice", MB_TEXT), ("set/voice", BAD_UTF8), ("set/voice", b"{"),
+    ("set/voice", b"xx_XX-nobody-low"), ("set/voice", JUNK),
+]
+
+
+def test_bad_input_gets_an_error_event_each_and_herald_keeps_serving(client: Client) -> None:
+    for topic, payload in BAD_INPUT:
+        client.publish(topic, payload)
+    want: dict[str, int] = {}
+    for topic, _ in BAD_INPUT:
+        want[f"{BASE}/{topic}"] = want.get(f"{BASE}/{topic}", 0) + 1
+
+    def counted(msgs: list[Msg]) -> Any:
+        got: dict[str, int] = {}
+        for e in (m.json() for m in msgs if m.topic == f"{BASE}/event"):
+            if e["event"] == "error":
+                got[e["topic"]] = got.get(e["topic"], 0) + 1
+        return got if got == want else None
+
+    client.wait(counted, 60, f"one error event per bad input {want}")
+    errors = [e for e in client.events() if e["event"] == "error"]
+    assert all(e["error"] and len(e["error"]) < 400 for e in errors)
+    messages = " | ".join(e["error"] for e in errors)
+    for expected in ("empty text", "limit is", "not valid UTF-8", "malformed JSON",
+                     "unknown voice", "binary data", "volume must be"):
+        assert expected in messages, expected
+    # still serving
+    client.say(id="after-bad", text="Still here.", sinks=["mqtt"])
+    assert client.wait_event("after-bad")["event"] == "finished"
+
+
+def test_old_say_is_not_spoken_late(client: Client) -> None:
+    client.say(id="old1", text="Yesterday's news.", ts=time.time() - 3600, sinks=["mqtt"])
+    err = client.wait_event("old1", ("error", "queued"))
+    assert err["event"] == "error" and "max_age" in err["error"]
+    client.say(id="fresh1", text="Today.", ts=time.time(), sinks=["mqtt"])
+    assert client.wait_event("fresh1")["event"] == "finished"
+    assert [e["event"] for e in client.events("old1")] == ["error"]
+
+
+def test_set_volume_and_voice_update_the_status(client: Client) -> None:
+    client.publish("set/volume", "0.4")
+    client.wait(lambda ms: any(m.topic == f"{BASE}/status" and m.json()["volume"] == 0.4
+                               for m in ms), 30, "volume 0.4 in status")
+    client.publish("set/voice", "en_US-joe-medium")
+    client.publish("set/voice", "en")  # a language picks an installed voice that speaks it
+    client.publish("set/volume", "1")
+    client.wait(lambda ms: any(m.topic == f"{BASE}/status" and m.json()["volume"] == 1.0
+                               for m in ms), 30, "volume 1 in status")
+    assert not [e for e in client.events() if e["event"] == "error"]
+    status = [m.json() for m in client.msgs if m.topic == f"{BASE}/status"][-1]
+    assert status["voice"] == "en_US-joe-medium" and status["version"]
+
+
+def test_discovery_is_republished_when_home_assistant_comes_online(client: Client) -> None:
+    topic = f"homeassistant/device/{DEVICE}/config"
+    first = client.wait(lambda ms: next((m for m in ms if m.topic == topic), None), 10,
+                        "retained discovery")
+    assert first.retain and first.json()["cmps"]["say"]["command_topic"] == f"{BASE}/say"
+    client.publish("homeassistant/status", "online")
+    again = client.wait(lambda ms: next((m for m in ms if m.topic == topic and not m.retain),
+                                        None), 30, "discovery republished")
+    assert again.json() == first.json()
+
+
+def test_hermes_say_for_our_site_is_spoken_and_answered(client: Client) -> None:
+    say = {"text": "Rhasspy says hi.", "siteId": "hall", "id": "h-1", "sessionId": "sess-9"}
+    client.publish("hermes/tts/say", json.dumps({**say, "siteId": "garage", "id": "h-0"}))
+    client.publish("hermes/tts/say", json.dumps(say))
+    done = client.wait(lambda ms: next((m.json() for m in ms
+                                        if m.topic == "hermes/tts/sayFinished"), None),
+                       what="hermes sayFinished")
+    assert done == {"id": "h-1", "sessionId": "sess-9", "siteId": "hall"}
+    assert [e["event"] for e in client.events("h-1")] == ["queued", "started", "finished"]
+    assert client.events("h-0") == []  # another site's request is not ours
+
+
+def test_herald_say_mqtt_cli(herald: Herald) -> None:
+    out = subprocess.run([sys.executable, "-m", "daemon.cli", "say", "--mqtt",
+                          f"127.0.0.1:{herald.broker.port}", "--device-id", DEVICE,
+                          "Hello from the command line."], cwd=ROOT, env=herald_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "finished" in out.stdout
+
+
+# --------------------------------------------------------------------------- outages, shutdown
+
+
+def test_broker_restart_reconnects_and_delivers_queued_say_once(herald: Herald) -> None:
+    # A persistent-session client (like an automation) with QoS 1 subscriptions.
+    pc = Client(herald.broker.port, client_id="test-persistent", clean=False)
+    try:
+        # A retained command is spoken once, live; herald must not replay it when it
+        # resubscribes after the outage.
+        pc.publish("say", json.dumps({"id": "retained1", "text": "Once only.",
+                                      "sinks": ["mqtt"]}), retain=True)
+        assert pc.wait_event("retained1")["event"] == "finished"
+        herald.broker.stop()
+        restarted = time.monotonic()
+        # published while the broker (and so herald) is down: paho keeps it and resends it
+        pc.c.publish(f"{BASE}/say", json.dumps({"id": "while-down", "text": "Welcome back.",
+                                                "sinks": ["mqtt"]}), qos=1)
+        herald.broker.start()
+        assert pc.wait_event("while-down", timeout=120)["event"] == "finished"
+        pc.wait(lambda ms: any(m.topic == f"{BASE}/availability" and m.payload == b"online"
+                               and not m.retain and m.at > restarted for m in ms), 60,
+                "herald's own 'online' after the restart")
+        pc.say(id="after-restart", text="And again.", sinks=["mqtt"])
+        assert pc.wait_event("after-restart")["event"] == "finished"
+        # QoS 1 is at-least-once towards the test client too (an event in flight when the
+        # broker died is redelivered), so "spoken once" is read from herald's own log.
+        log = herald.output()
+        for rid in ("while-down", "retained1"):
+            assert {e["event"] for e in pc.events(rid)} == {"queued", "started", "finished"}
+            assert log.count(f" {rid} queued ") == 1 and log.count(f" {rid} started ") == 1
+        refused = [e for e in pc.events() if e["event"] == "error" and "retained" in e["error"]]
+        assert refused and refused[0]["topic"] == f"{BASE}/say"
+        assert herald.proc.poll() is None
+    finally:
+        pc.publish("say", b"", retain=True)  # clear the retained command
+        pc.close()
+
+
+def test_sigterm_cuts_publishes_offline_and_exits_0(herald: Herald) -> None:
+    c = Client(herald.broker.port)
+    try:
+        c.say(id="last", text=LONG_TEXT)
+        c.wait_event("last", ("started",))
+        herald.proc.send_signal(signal.SIGTERM)
+        assert herald.proc.wait(30) == 0
+        assert c.wait_event("last")["event"] == "stopped"
+        c.wait(lambda ms: any(m.topic == f"{BASE}/availability" and m.payload == b"offline"
+                              for m in ms), 10, "offline")
+        evs = [m for m in c.msgs if m.topic in (f"{BASE}/event", f"{BASE}/availability")]
+        assert evs[-1].payload == b"offline", "offline must come after the last event"
+    finally:
+        c.close()
+
+
+# --------------------------------------------------------------------------- embedded broker
+
+
+def test_embedded_broker_when_no_host_is_configured(tmp_path: Path) -> None:
+    """Also: the service talks to systemd (READY, STATUS, watchdog pets, STOPPING)."""
+    port = free_port()
+    config = tmp_path / "herald.toml"
+    config.write_text(f'device_id = "{DEVICE}"\n[mqtt]\nhost = ""\nport = {port}\n'
+                      "[speaker]\nenabled = false\n[wyoming]\nenabled = false\n"
+                      "[http]\nenabled = false\n")
+    log = tmp_path / "herald.log"
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.settimeout(0.2)
+    messages: list[str] = []
+    proc = start_herald(config, herald_env({"NOTIFY_SOCKET": str(tmp_path / "notify.sock"),
+                                            "WATCHDOG_USEC": "2000000"}), log)
+
+    def drain() -> str:
+        while True:
+            try:
+                messages.append(notify.recv(4096).decode())
+            except TimeoutError:
+                return "\n".join(messages)
+    try:
+        wait_port(port, 60)
+        c = Client(port)
+        try:
+            c.wait(lambda ms: any(m.topic == f"{BASE}/availability" and m.payload == b"online"
+                                  for m in ms), 60, "online via the embedded broker")
+            c.say(id="emb1", text="No broker needed.")  # speaker off: defaults to mqtt
+            assert c.wait_event("emb1")["event"] == "finished"
+            _, pcm, _ = c.audio("emb1")
+            assert_speech(pcm16(pcm), 22050, min_seconds=0.8)
+        finally:
+            c.close()
+        deadline = time.monotonic() + 30
+        while "WATCHDOG=1" not in drain() and time.monotonic() < deadline:
+            pass
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        sent = drain()
+        for line in ("READY=1", "STATUS=idle, 0 queued, MQTT connected", "WATCHDOG=1",
+                     "STOPPING=1"):
+            assert line in sent, (line, sent)
+        assert sent.index("READY=1") < sent.index("STOPPING=1")
+    finally:
+        notify.close()
+        if proc.poll() is None:
+            proc.kill()
+        print(log.read_text(errors="replace")[-3000:])
+
+
+def test_credentials_and_mqtt_311(tmp_path: Path) -> None:
+    """A broker that wants a password: herald logs in (MQTT 3.1.1 here) and serves; with a
+    wrong password it says so in one log line and keeps running until stopped."""
+    workdir = Path(tempfile.mkdtemp(prefix="herald-test-auth-"))
+    workdir.chmod(0o777)
+    port = free_port()
+    passwd = workdir / "passwd"
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "herald", "s3cret"],
+                   check=True, capture_output=True)
+    passwd.chmod(0o644)
+    conf = workdir / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous false\n"
+                    f"password_file {passwd}\n")
+    broker = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        wait_port(port)
+        logs = {}
+        for password, device in (("s3cret", DEVICE), ("wrong", "authbad")):
+            config = tmp_path / f"{password}.toml"
+            config.write_text(
+                f'device_id = "{device}"\n[mqtt]\nhost = "127.0.0.1"\nport = {port}\n'
+                f'protocol = "3.1.1"\nusername = "herald"\npassword = "{password}"\n'
+                "[speaker]\nenabled = false\n[wyoming]\nenabled = false\n"
+                "[http]\nenabled = false\n")
+            logs[password] = tmp_path / f"{password}.log"
+            procs.append(start_herald(config, herald_env(), logs[password]))
+        c = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
+        c.username_pw_set("herald", "s3cret")
+        events: list[dict[str, Any]] = []
+        c.on_message = lambda cl, u, m: events.append(json.loads(m.payload))
+        c.connect("127.0.0.1", port)
+        c.subscribe(f"{BASE}/event", 1)
+        c.loop_start()
+        try:
+            deadline = time.monotonic() + 60
+            while "connected to" not in logs["s3cret"].read_text() and \
+                    time.monotonic() < deadline:
+                time.sleep(0.1)
+            c.publish(f"{BASE}/say", json.dumps({"id": "auth1", "text": "Logged in."}), 1)
+            while not any(e.get("id") == "auth1" and e["event"] == "finished" for e in events):
+                assert time.monotonic() < deadline, logs["s3cret"].read_text()
+                time.sleep(0.1)
+            while "refused the connection" not in logs["wrong"].read_text():
+                assert time.monotonic() < deadline, logs["wrong"].read_text()
+                time.sleep(0.1)
+        finally:
+            c.disconnect()
+            c.loop_stop()
+        refused = [line for line in logs["wrong"].read_text().splitlines()
+                   if "refused the connection" in line]
+        assert "Not authorized" in refused[0] and "mqtt.password" in refused[0]
+        for p in procs:
+            assert p.poll() is None, "a refused login must not end herald"
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(30) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        broker.terminate()
+        broker.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)

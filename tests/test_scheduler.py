@@ -1,0 +1,285 @@
+"""The scheduler in-process, with the real engine: lanes, ordering, prefetch, cut, records.
+
+Two sinks stand in here. ``Recorder`` is a network sink that keeps what it is given (the real
+MQTT audio sink is tested end to end in test_mqtt.py). ``PacedSpeaker`` honours the
+SpeakerSink contract and takes audio at real-time pace, like a sound card; it exists only so
+that *scheduling* facts that need a device clock (prefetch, one-at-a-time, cut) are visible.
+The real speaker path through PortAudio and ALSA is exercised by test_mqtt.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+from audio_checks import assert_speech, pcm16
+
+from daemon.engine import Engine, EngineSettings
+from daemon.metrics import LatencyRecord, Metrics
+from daemon.request import Request, RequestError, TextStream
+from daemon.scheduler import AudioBuffer, Scheduler
+from daemon.settings import SchedulerSettings
+from daemon.sinks.speaker import PlaybackStats
+from tts import AudioChunk, AudioFormat
+
+
+@dataclass
+class Stream:
+    pcm: bytearray = field(default_factory=bytearray)
+    outcome: str | None = None
+
+    def write(self, pcm: bytes) -> None:
+        self.pcm += pcm
+
+    def close(self, outcome: str = "finished") -> None:
+        self.outcome = outcome
+
+
+class Recorder:
+    name = "mqtt"
+
+    def __init__(self) -> None:
+        self.streams: dict[str, Stream] = {}
+
+    def open(self, request_id: str, fmt: AudioFormat) -> Stream:
+        self.streams[request_id] = Stream()
+        return self.streams[request_id]
+
+
+class PacedSpeaker:
+    """Plays at ``speed`` x real time; records what it played and when."""
+
+    name = "speaker"
+
+    def __init__(self, speed: float = 4.0) -> None:
+        self.speed = speed
+        self.volume = 1.0
+        self.played: list[tuple[float, float, int]] = []  # start, end, samples
+        self._cut = asyncio.Event()
+
+    async def play(self, fmt: AudioFormat, chunks: AsyncIterator[bytes],
+                   on_first_audio: Callable[[], None] | None = None) -> PlaybackStats:
+        self._cut.clear()
+        start, samples, first = time.monotonic(), 0, True
+        async for data in chunks:
+            if first and on_first_audio:
+                on_first_audio()
+            first = False
+            samples += len(data) // 2
+            try:
+                await asyncio.wait_for(self._cut.wait(), len(data) / 2 / fmt.rate / self.speed)
+                break
+            except TimeoutError:
+                pass
+        self.played.append((start, time.monotonic(), samples))
+        return PlaybackStats(samples=samples, cut=self._cut.is_set())
+
+    def cut(self) -> None:
+        self._cut.set()
+
+
+@pytest.fixture
+def engine(catalog: Any) -> Iterator[Engine]:
+    e = Engine(catalog, EngineSettings(threads=1, workers=2))
+    yield e
+    e.close()
+
+
+@dataclass
+class Rig:
+    scheduler: Scheduler
+    events: list[tuple[str, str]]
+    records: list[LatencyRecord]
+    recorder: Recorder
+    speaker: PacedSpeaker | None
+
+
+def rig(engine: Engine, parallel: int = 2, speaker: PacedSpeaker | None = None,
+        max_queue: int = 100) -> Rig:
+    metrics = Metrics()
+    s = Scheduler(engine, metrics, SchedulerSettings(parallel=parallel, max_queue=max_queue),
+                  speaker=speaker)  # type: ignore[arg-type]
+    recorder = Recorder()
+    s.register_sink(recorder)
+    events: list[tuple[str, str]] = []
+    records: list[LatencyRecord] = []
+    s.add_listener(lambda ev: events.append((ev["id"], ev["event"])))
+    metrics.add_listener(records.append)
+    return Rig(s, events, records, recorder, speaker)
+
+
+def req(rid: str, text: str = "Hello there.", **kw: Any) -> Request:
+    kw.setdefault("sinks", ("mqtt",))
+    return Request(text=text, id=rid, voice="en_US-joe-medium", **kw)
+
+
+async def test_network_only_requests_run_concurrently(engine: Engine) -> None:
+    r = rig(engine, parallel=2)
+    a = r.scheduler.submit(req("a", "The first of two parallel requests."))
+    b = r.scheduler.submit(req("b", "The second one."))
+    assert await asyncio.wait_for(asyncio.gather(a, b), 60) == ["finished", "finished"]
+    ev = r.events
+    assert ev.index(("b", "started")) < ev.index(("a", "finished"))
+    for rid in "ab":
+        assert_speech(pcm16(bytes(r.recorder.streams[rid].pcm)), 22050, min_seconds=0.5)
+        assert r.recorder.streams[rid].outcome == "finished"
+    assert {rec.id for rec in r.records} == {"a", "b"}
+    assert all(rec.sink == "mqtt" and rec.outcome == "ok" and rec.audio_ms > 0
+               and rec.first_audio_ms >= rec.queue_ms for rec in r.records)
+    assert r.scheduler.snapshot() == {"state": "idle", "queue": 0, "current_id": None}
+
+
+async def test_one_lane_slot_queues_in_priority_then_fifo_order(engine: Engine) -> None:
+    r = rig(engine, parallel=1)
+    futures = [r.scheduler.submit(req("first")), r.scheduler.submit(req("low", priority=-1)),
+               r.scheduler.submit(req("fifo1")), r.scheduler.submit(req("fifo2")),
+               r.scheduler.submit(req("high", priority=3))]
+    assert r.scheduler.snapshot()["queue"] == 4
+    await asyncio.wait_for(asyncio.gather(*futures), 90)
+    started = [rid for rid, kind in r.events if kind == "started"]
+    assert started == ["first", "high", "fifo1", "fifo2", "low"]
+    for rid in started:  # each finished before the next started
+        assert r.events.index((rid, "finished")) < (
+            r.events.index((started[started.index(rid) + 1], "started"))
+            if rid != started[-1] else len(r.events))
+
+
+async def test_speaker_plays_one_at_a_time_and_prefetches_the_next(engine: Engine) -> None:
+    spk = PacedSpeaker(speed=2.0)
+    r = rig(engine, speaker=spk)
+    first = req("s1", "A sentence that takes a couple of seconds to say.", sinks=("speaker",))
+    second = req("s2", "And the next one, ready before the first ends.", sinks=("speaker",))
+    done = [r.scheduler.submit(first), r.scheduler.submit(second)]
+    assert r.scheduler.snapshot() == {"state": "speaking", "queue": 1, "current_id": "s1"}
+    assert await asyncio.wait_for(asyncio.gather(*done), 60) == ["finished", "finished"]
+    (s1_start, s1_end, _), (s2_start, _, s2_samples) = spk.played
+    assert s2_start >= s1_end, "the speaker plays one utterance at a time"
+    assert second.timeline.started is not None and second.timeline.started < s1_end, \
+        "the next utterance is synthesized while the current one plays"
+    assert second.timeline.first_audio is not None
+    assert s2_samples > 22050
+
+
+async def test_interrupt_cuts_the_speaker_and_goes_next(engine: Engine) -> None:
+    spk = PacedSpeaker(speed=1.0)
+    r = rig(engine, speaker=spk)
+    long = r.scheduler.submit(req("long", "This goes on and on. " * 6, sinks=("speaker",)))
+    queued = r.scheduler.submit(req("queued", "Waiting patiently.", sinks=("speaker",)))
+    while ("long", "started") not in r.events:
+        await asyncio.sleep(0.01)
+    urgent = r.scheduler.submit(req("urgent", "Fire alarm!", sinks=("speaker", "mqtt"),
+                                    mode="interrupt"))
+    assert await asyncio.wait_for(long, 30) == "stopped"
+    assert await asyncio.wait_for(asyncio.gather(urgent, queued), 60) == ["finished"] * 2
+    started = [rid for rid, kind in r.events if kind == "started"]
+    assert started == ["long", "urgent", "queued"]
+    cut = next(rec for rec in r.records if rec.id == "long")
+    assert cut.outcome == "stopped"
+    assert r.recorder.streams["urgent"].outcome == "finished"  # tee'd to the network sink
+
+
+async def test_stop_removes_waiting_and_cuts_running(engine: Engine) -> None:
+    r = rig(engine, parallel=1)
+    a = r.scheduler.submit(req("a", "Something fairly long to be cut off halfway. " * 3))
+    b = r.scheduler.submit(req("b"))
+    c = r.scheduler.submit(req("c"))
+    assert r.scheduler.stop("b") == ["b"]
+    with pytest.raises(RequestError, match="nothing queued or playing"):
+        r.scheduler.stop("nope")
+    while ("a", "started") not in r.events:
+        await asyncio.sleep(0.01)
+    assert sorted(r.scheduler.stop()) == ["a", "c"]
+    assert await asyncio.wait_for(asyncio.gather(a, b, c), 30) == ["stopped"] * 3
+    assert [rid for rid, kind in r.events if kind == "started"] == ["a"]
+    assert r.recorder.streams["a"].outcome == "stopped"
+    assert r.scheduler.snapshot()["queue"] == 0
+
+
+async def test_refusals_leave_nothing_behind(engine: Engine) -> None:
+    r = rig(engine, parallel=1, max_queue=1)
+    with pytest.raises(RequestError, match="speaker is disabled"):
+        r.scheduler.submit(req("x", sinks=("speaker",)))
+    first = r.scheduler.submit(req("dup"))
+    with pytest.raises(RequestError, match="already queued or playing"):
+        r.scheduler.submit(req("dup"))
+    r.scheduler.submit(req("w1"))
+    with pytest.raises(RequestError, match="queue full"):
+        r.scheduler.submit(req("w2"))
+    r.scheduler.stop()
+    await asyncio.wait_for(first, 30)
+    assert {rid for rid, _ in r.events} == {"dup", "w1"}
+
+
+async def test_synthesis_error_is_an_error_event(engine: Engine) -> None:
+    r = rig(engine)
+    outcome = await asyncio.wait_for(r.scheduler.submit(req("bad", speaker="nobody")), 30)
+    assert outcome == "error"
+    assert r.events[-1] == ("bad", "error")
+    assert r.records[-1].outcome == "error"
+
+
+async def test_streamed_text_is_one_utterance(engine: Engine) -> None:
+    r = rig(engine)
+    request = req("st", "")
+    request.stream = TextStream()
+    done = r.scheduler.submit(request)
+    request.stream.feed("First sen")
+    request.stream.feed("tence here. Sec")
+    while not r.recorder.streams.get("st") or not r.recorder.streams["st"].pcm:
+        await asyncio.sleep(0.01)  # the first sentence is spoken before the rest exists
+    request.stream.feed("ond one", final=True)
+    assert await asyncio.wait_for(done, 30) == "finished"
+    assert [k for rid, k in r.events if rid == "st"] == ["queued", "started", "finished"]
+    assert_speech(pcm16(bytes(r.recorder.streams["st"].pcm)), 22050, min_seconds=1.0)
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def test_text_stream_splits_sentences_across_pieces() -> None:
+    async def run() -> list[str]:
+        s = TextStream()
+        for piece in ["Hello wor", "ld. How are", " you? Pi is 3.", "14 today!", "\n", "End"]:
+            s.feed(piece)
+        s.feed("", final=True)
+        return [x async for x in s.sentences()]
+
+    assert asyncio.run(run()) == ["Hello world.", "How are you?", "Pi is 3.14 today!", "End"]
+
+
+def test_text_stream_failure_comes_after_the_sentences() -> None:
+    async def run() -> tuple[list[str], str]:
+        s = TextStream()
+        s.feed("One. Two")
+        s.fail(RequestError("timed out"))
+        got = []
+        try:
+            async for x in s.sentences():
+                got.append(x)
+        except RequestError as e:
+            return got, str(e)
+        return got, ""
+
+    assert asyncio.run(run()) == (["One."], "timed out")
+
+
+async def test_audio_buffer_is_bounded_and_ends_with_the_error() -> None:
+    buf = AudioBuffer(max_samples=100)
+    chunk = AudioChunk(np.zeros(60, np.float32), 0, False)
+    await buf.put(chunk)
+    await buf.put(chunk)  # 120 >= 100: the next put waits
+    blocked = asyncio.ensure_future(buf.put(chunk))
+    await asyncio.sleep(0.05)
+    assert not blocked.done()
+    assert await buf.get() is chunk
+    await asyncio.wait_for(blocked, 1)
+    buf.finish(RuntimeError("synthesis broke"))
+    assert await buf.get() is chunk and await buf.get() is chunk
+    with pytest.raises(RuntimeError, match="synthesis broke"):
+        await buf.get()
+    assert await buf.get() is None

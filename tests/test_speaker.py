@@ -1,0 +1,384 @@
+"""The speaker sink through the real path: sounddevice -> PortAudio -> ALSA -> a file.
+
+The sink runs in a subprocess (tests/speaker_driver.py) because PortAudio reads the ALSA
+configuration when sounddevice is imported. Two kinds of fake sound card:
+
+* ``alsa_file`` (conftest): ALSA's file plugin in front of the null PCM. It swallows audio as
+  fast as it is written, so it tests what doesn't depend on a clock.
+* ``paced``: the same file plugin writing into a FIFO that the driver reads at the device's
+  byte rate. That is a sound card's clock: pre-roll, underruns, cut and "returned after the
+  audio drained" mean here what they mean on hardware.
+
+Speech comes from the real default voice (seeded), so the checks are on real audio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from audio_checks import assert_speech
+
+ROOT = Path(__file__).resolve().parent.parent
+DRIVER = Path(__file__).with_name("speaker_driver.py")
+RATE = 22050
+PIPE_BYTES = 4096  # the paced FIFO's size: what may still sit between "drained" and the pacer
+LONG = "The kitchen timer is done, and the laundry has finished its cycle."
+SHORT = "Hello there, nice to meet you."
+
+
+@dataclass
+class Paced:
+    """ALSA's default PCM writing into a FIFO the driver reads in real time."""
+
+    env: dict[str, str]
+    fifo: Path
+    out: Path
+    bytes_per_second: int
+
+    def spec(self, **kw: Any) -> dict[str, Any]:
+        return {"fifo": str(self.fifo), "out": str(self.out),
+                "bytes_per_second": self.bytes_per_second, **kw}
+
+
+def paced_device(directory: Path, rate: int) -> Paced:
+    directory.mkdir(parents=True, exist_ok=True)
+    fifo, out = directory / "device.fifo", directory / "out.raw"
+    os.mkfifo(fifo)
+    conf = directory / "alsa.conf"
+    conf.write_text(Path("/usr/share/alsa/alsa.conf").read_text()
+                    + f'\npcm.!default {{ type file slave.pcm "null" file "{fifo}" '
+                    'format "raw" }\n')
+    return Paced(dict(os.environ, ALSA_CONFIG_PATH=str(conf)), fifo, out, rate * 2)
+
+
+def run_driver(spec: dict[str, Any], env: dict[str, str], directory: Path,
+               timeout: float = 90) -> list[dict[str, Any]]:
+    path = directory / "spec.json"
+    path.write_text(json.dumps(spec))
+    proc = subprocess.run([sys.executable, str(DRIVER), str(path)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"driver failed:\n{proc.stdout}\n{proc.stderr}"
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def pcm_array(data: bytes) -> np.ndarray:
+    return np.frombuffer(data[: len(data) // 2 * 2], dtype="<i2").astype(np.int32)
+
+
+def first_nonzero(x: np.ndarray) -> int:
+    nz = np.flatnonzero(x)
+    return int(nz[0]) if len(nz) else len(x)
+
+
+def align(out: np.ndarray, ref: np.ndarray) -> int:
+    """Where ``ref`` starts in ``out``, given that the sink adds only leading silence."""
+    start = first_nonzero(out) - first_nonzero(ref)
+    assert start >= 0, "the output starts with audio the input doesn't have"
+    return start
+
+
+@pytest.fixture(scope="module")
+def speech(synth, tmp_path_factory) -> dict[str, Path]:  # type: ignore[no-untyped-def]
+    from tts import SynthesisOptions, to_pcm16
+
+    directory = tmp_path_factory.mktemp("speech")
+    files = {}
+    for name, text in (("long", LONG), ("short", SHORT)):
+        pcm = b"".join(to_pcm16(c.samples) for c in synth.stream(text, SynthesisOptions(seed=3)))
+        files[name] = directory / f"{name}.raw"
+        files[name].write_bytes(pcm)
+    return files
+
+
+# ------------------------------------------------------------- one paced run, many checks
+
+@pytest.fixture(scope="module")
+def paced_run(speech, tmp_path_factory) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """One driver process plays several utterances on a paced 22 050 Hz device; each test
+    below checks one of them. Each play's audio is the slice of the device output between
+    the pacer's byte count before it and before the next one."""
+    directory = tmp_path_factory.mktemp("paced")
+    dev = paced_device(directory, RATE)
+    long, short = str(speech["long"]), str(speech["short"])
+    plays = {
+        "exact": {"pcm": long, "rate": RATE},
+        "half": {"pcm": short, "rate": RATE, "volume": 0.5},
+        "ramp": {"pcm": long, "rate": RATE, "volume": 1.0,
+                 "volume_after_first_audio": [1.0, 0.25]},
+        "lead_in": {"pcm": short, "rate": RATE, "volume": 1.0,
+                    "settings": {"lead_in_ms": 200.0}},
+        "cut": {"pcm": long, "rate": RATE, "settings": {"lead_in_ms": 0.0},
+                "cut_after_first_audio": 0.8},
+        # Slow source and a pre-roll it never reaches: cut before anything is audible.
+        "cut_early": {"pcm": short, "rate": RATE, "slow": 0.3, "cut_after_chunk": 0,
+                      "settings": {"preroll_ms": 500.0}},
+        # The task running play() is cancelled (service shutdown): it must still fade.
+        "cancel": {"pcm": long, "rate": RATE, "cancel_after_first_audio": 0.6},
+        # The source (synthesis) fails mid-utterance: its error comes out of play(), faded.
+        "source_error": {"pcm": long, "rate": RATE, "slow": 0.05, "fail_at_chunk": 15},
+        # Everything sent, then 0.8 s of nothing mid-utterance, then the rest.
+        "underrun": {"pcm": short, "rate": RATE, "chunk_bytes": 4410 * 2,
+                     "pause": {"at": 1, "extra": 0.8}, "settings": {"preroll_ms": 60.0}},
+    }
+    results = run_driver(dev.spec(settings={"latency_ms": 250.0}, start_rate=RATE,
+                                  plays=list(plays.values())), dev.env, directory)
+    *per_play, tail = results
+    assert len(per_play) == len(plays)
+    device = dev.out.read_bytes()
+    bounds = [r["consumed_before"] for r in per_play] + [tail["consumed_total"]]
+    run: dict[str, Any] = {}
+    for i, (name, play) in enumerate(plays.items()):
+        run[name] = dict(per_play[i], input=pcm_array(Path(play["pcm"]).read_bytes()),
+                         output=pcm_array(device[bounds[i]:bounds[i + 1]]),
+                         behind_at_return=bounds[i + 1] - per_play[i]["consumed_at_return"])
+    return run
+
+
+def test_plays_the_exact_samples(paced_run: dict[str, Any]) -> None:
+    r = paced_run["exact"]
+    assert r["error"] is None
+    x, out = r["input"], r["output"]
+    assert r["stats"] == {"samples": len(x), "underruns": 0, "cut": False,
+                          "device_rate": RATE, "xruns": 0}
+    start = align(out, x)
+    assert np.array_equal(out[start:start + len(x)], x), "samples differ from the input"
+    assert not out[:start].any() and not out[start + len(x):].any()
+    assert_speech(out[start:start + len(x)] / 32767.0, RATE, min_seconds=2.0)
+
+
+def test_play_returns_after_the_device_has_played_it(paced_run: dict[str, Any]) -> None:
+    # At return, at most the FIFO's contents (and one read in the pacer's hands) hadn't been
+    # "heard". Returning when the last block went to PortAudio would leave the device's
+    # 250 ms buffer (11 025 bytes) behind as well.
+    r = paced_run["exact"]
+    assert r["behind_at_return"] <= PIPE_BYTES + 512, r["behind_at_return"]
+
+
+def test_on_first_audio_comes_before_the_source_is_done(paced_run: dict[str, Any]) -> None:
+    # The underrun play sends its second chunk only after the first was heard, so first
+    # audio must have been signalled while the source still had chunks to send.
+    r = paced_run["underrun"]
+    assert r["sent_at_first_audio"] is not None
+    assert r["sent_at_first_audio"] < r["chunks"]
+
+
+def test_volume_half_halves_the_samples(paced_run: dict[str, Any]) -> None:
+    r = paced_run["half"]
+    x, out = r["input"], r["output"]
+    start = align(out, np.rint(x * 0.5).astype(np.int32))
+    got = out[start:start + len(x)]
+    assert np.abs(got - x * 0.5).max() <= 1.0
+    ratio = np.sqrt(np.mean(got.astype(float) ** 2) / np.mean(x.astype(float) ** 2))
+    assert abs(ratio - 0.5) < 0.005, ratio
+
+
+def test_volume_change_ramps_without_a_step(paced_run: dict[str, Any]) -> None:
+    r = paced_run["ramp"]
+    x, out = r["input"], r["output"]
+    start = align(out, x)
+    got = out[start:start + len(x)]
+    loud = np.flatnonzero(np.abs(x) > 2000)
+    gain = got[loud] / x[loud]
+    assert gain.max() < 1.001 and gain.min() > 0.249
+    assert (gain > 0.999).any() and (gain < 0.251).any(), "the change didn't happen"
+    # Full-scale 1.0 -> 0.25 at 20 ms per unit: ~15 ms, never one jump.
+    last_full = loud[np.flatnonzero(gain > 0.99)[-1]]
+    first_low = loud[np.flatnonzero(gain < 0.26)[0]]
+    assert first_low - last_full >= 0.012 * RATE, (first_low - last_full)
+    assert np.all(np.diff(gain[(loud >= last_full) & (loud <= first_low)]) <= 0.02)
+    assert np.array_equal(got[first_low + 10:], np.rint(x[first_low + 10:] * 0.25)), \
+        "after the ramp the level is not exactly 0.25"
+
+
+def test_lead_in_adds_exactly_that_much_silence(paced_run: dict[str, Any]) -> None:
+    with_lead, without = paced_run["lead_in"], paced_run["half"]
+    # Both short: leading silence is PortAudio's start-up buffer (+ the lead-in).
+    extra = align(with_lead["output"], with_lead["input"]) - align(
+        without["output"], np.rint(without["input"] * 0.5).astype(np.int32))
+    assert extra == int(0.2 * RATE), extra
+    x = with_lead["input"]
+    start = align(with_lead["output"], x)
+    assert np.array_equal(with_lead["output"][start:start + len(x)], x)
+
+
+def assert_fades_out(x: np.ndarray, out: np.ndarray) -> int:
+    """``out`` is ``x`` up to some point, then a 15 ms linear fade, then silence and no
+    click. Returns the samples heard (fade included)."""
+    fade = int(0.015 * RATE)
+    start = align(out, x)
+    got = out[start:]
+    same = int(np.argmax(got[: len(x)] != x[: len(got)]))  # first sample that differs
+    assert same > 0.3 * RATE, "the audio before the cut differs from the input"
+    tail = got[same:]
+    assert not tail[fade + 1:].any(), "audio goes on after the fade"
+    envelope = np.abs(x[same:same + fade + 1]) * (1 - np.arange(fade + 1) / fade) + 1
+    assert np.all(np.abs(tail[:fade + 1]) <= envelope), "not a fade"
+    # No click: the fade makes no step bigger than the speech itself has.
+    steps = np.abs(np.diff(got[: same + fade + 2]))
+    assert steps.max() <= np.abs(np.diff(x)).max()
+    assert abs(int(tail[fade - 1])) <= 32767 // fade + 1
+    return same + int(np.count_nonzero(tail[:fade + 1]))
+
+
+def test_cut_fades_out_and_returns_early(paced_run: dict[str, Any]) -> None:
+    r = paced_run["cut"]
+    stats = r["stats"]
+    assert stats["cut"] is True
+    assert 0.5 * RATE < stats["samples"] < len(r["input"]) - RATE, stats  # ~1 s of 3.5 s
+    heard = assert_fades_out(r["input"], r["output"])
+    fade = int(0.015 * RATE)
+    assert heard - fade - 1 <= stats["samples"] <= heard + fade + 1
+
+
+def test_cancelled_play_fades_out(paced_run: dict[str, Any]) -> None:
+    r = paced_run["cancel"]
+    assert r["cancelled"] is True
+    heard = assert_fades_out(r["input"], r["output"])
+    assert heard < len(r["input"]) - RATE
+
+
+def test_source_error_comes_out_of_play_after_a_fade(paced_run: dict[str, Any]) -> None:
+    r = paced_run["source_error"]
+    assert r["source_error"] == "synthesis failed (on purpose)"
+    heard = assert_fades_out(r["input"], r["output"])
+    assert heard <= 15 * 2048  # nothing after the last chunk the source delivered
+
+
+def test_cut_before_any_audio(paced_run: dict[str, Any]) -> None:
+    r = paced_run["cut_early"]
+    assert r["error"] is None
+    assert r["stats"]["cut"] is True and r["stats"]["samples"] == 0
+    assert not r["output"].any(), "something was played"
+
+
+def test_starved_buffer_counts_one_underrun_and_loses_nothing(
+        paced_run: dict[str, Any]) -> None:
+    r = paced_run["underrun"]
+    x, out = r["input"], r["output"]
+    assert r["stats"]["underruns"] == 1, r["stats"]
+    assert r["stats"]["samples"] == len(x)
+    split = 4410  # the first chunk
+    start = align(out, x)
+    assert np.array_equal(out[start:start + split], x[:split])
+    # The rest arrives after a gap of silence (the underrun), intact.
+    rest = out[start + split:]
+    gap = first_nonzero(rest) - first_nonzero(x[split:])
+    assert gap >= 0.3 * RATE, f"only {gap} samples of gap: was there an underrun?"
+    assert np.array_equal(rest[gap:gap + len(x) - split], x[split:])
+    assert not rest[gap + len(x) - split:].any()
+
+
+def test_hung_device_fails_the_play_and_the_next_one_plays(  # type: ignore[no-untyped-def]
+        speech, tmp_path: Path) -> None:
+    # The "sound card" stops taking audio 0.5 s into the first utterance, for 3 s: play()
+    # must give up with SpeakerUnavailable (not hang, which would starve the watchdog),
+    # and the next utterance, once the card is back, must play in full.
+    dev = paced_device(tmp_path, RATE)
+    results = run_driver(dev.spec(hold={"after_bytes": RATE, "seconds": 3.0}, plays=[
+        {"pcm": str(speech["long"]), "rate": RATE},
+        {"pcm": str(speech["short"]), "rate": RATE},
+    ]), dev.env, tmp_path)
+    hung, after = results[0], results[1]
+    # PortAudio either sees the writes stall or reports the stream dead: both must fail the
+    # play with the device named, and neither may hang.
+    assert hung["error"] is not None, hung
+    assert ("stopped taking audio" in hung["error"]
+            or "stopped unexpectedly" in hung["error"]), hung
+    assert after["error"] is None, after
+    short = speech["short"].read_bytes()
+    assert after["stats"]["samples"] == len(short) // 2
+    assert dev.out.read_bytes().find(short.strip(b"\0")) > 0, "the second play is not intact"
+
+
+# ---------------------------------------------------------------------- resampling
+
+def fft_resample(x: np.ndarray, n_out: int) -> np.ndarray:
+    """Ideal band-limited resampling of a whole signal: an independent reference."""
+    spectrum = np.fft.rfft(x.astype(np.float64))
+    out = np.zeros(n_out // 2 + 1, dtype=complex)
+    k = min(len(spectrum), len(out))
+    out[:k] = spectrum[:k]
+    return np.fft.irfft(out, n_out) * (n_out / len(x))
+
+
+def test_resamples_when_the_device_runs_at_another_rate(speech, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    dev = paced_device(tmp_path, 48000)
+    results = run_driver(dev.spec(settings={"rate": 48000},
+                                  plays=[{"pcm": str(speech["short"]), "rate": RATE}]),
+                         dev.env, tmp_path)
+    r = results[0]
+    x = pcm_array(speech["short"].read_bytes())
+    assert r["error"] is None
+    assert r["stats"]["device_rate"] == 48000 and r["stats"]["samples"] == len(x)
+    out = pcm_array(dev.out.read_bytes())
+    # 22 050 -> 48 000 is 147 -> 320: pad to whole periods so the reference maps time exactly.
+    padded = np.concatenate([x, np.zeros(-len(x) % 147, dtype=x.dtype)])
+    n_out = len(padded) * 320 // 147
+    ref = fft_resample(padded, n_out)
+    # Align on the reference by cross-correlation around the first audio.
+    guess = first_nonzero(out) - round(first_nonzero(x) * 48000 / RATE)
+    best = max(range(max(0, guess - 200), guess + 200),
+               key=lambda s: float(np.dot(out[s:s + n_out].astype(float), ref[: len(out) - s])))
+    got = out[best:best + n_out].astype(float)
+    assert len(got) == n_out, "output shorter than the input scaled by 48000/22050"
+    assert not out[best + n_out + 64:].any(), "output longer than the input scaled"
+    err = np.sqrt(np.mean((got - ref) ** 2)) / np.sqrt(np.mean(ref ** 2))
+    assert err < 0.005, f"differs from ideal resampling by {err:.1%}"
+    assert_speech(got / 32767.0, 48000, min_seconds=1.0)
+
+
+# ------------------------------------------------ unpaced device: errors, no spinning
+
+def test_missing_device_is_reported_and_a_good_one_still_plays(  # type: ignore[no-untyped-def]
+        speech, alsa_file) -> None:
+    bogus = "no-such-card-xyz"
+    short = str(speech["short"])
+    results = run_driver({
+        # start() finds no device: it must log, not raise (the driver would stop here).
+        "file": str(alsa_file.out), "start_rate": RATE,
+        "settings": {"device": bogus, "retry_seconds": 1.0},
+        "plays": [
+            {"pcm": short, "rate": RATE},  # inside the retry window: fails fast
+            {"pcm": short, "rate": RATE, "sleep_before": 1.2},  # window over: tries again
+            {"pcm": short, "rate": RATE, "device": "default"},
+        ]}, alsa_file.env, alsa_file.out.parent)
+    fast, retried, good = results
+    for r in (fast, retried):
+        assert r["error"].startswith(f"no sound device '{bogus}'"), r["error"]
+        assert "speaker.device" in r["error"] and "'default'" in r["error"]
+    assert "retrying in" in fast["error"]
+    assert "retrying in" not in retried["error"]
+    assert good["error"] is None
+    x = pcm_array(speech["short"].read_bytes())
+    assert good["stats"]["samples"] == len(x) and good["stats"]["underruns"] == 0
+    out = pcm_array(alsa_file.pcm())
+    start = align(out, x)
+    assert np.array_equal(out[start:start + len(x)], x)
+
+
+def test_device_faster_than_real_time_does_not_spin_on_silence(  # type: ignore[no-untyped-def]
+        speech, alsa_file) -> None:
+    # The null PCM takes audio instantly, so a slow source starves it after every chunk.
+    # Starved longer than park_ms, the stream must stop, not fill the file with silence.
+    results = run_driver({
+        "file": str(alsa_file.out), "settings": {"park_ms": 100.0},
+        "plays": [{"pcm": str(speech["short"]), "rate": RATE, "slow": 0.1,
+                   "chunk_bytes": 2205 * 2}]}, alsa_file.env, alsa_file.out.parent)
+    r = results[0]
+    x = pcm_array(speech["short"].read_bytes())
+    assert r["error"] is None and r["stats"]["samples"] == len(x)
+    chunks = -(-len(x) // 2205)
+    assert 1 <= r["stats"]["underruns"] <= chunks
+    out = pcm_array(alsa_file.pcm())
+    # Each starvation may add park_ms of silence plus PortAudio's start-up buffer.
+    per_restart = int(0.1 * RATE) + int(0.2 * RATE)
+    assert len(out) <= len(x) + (r["stats"]["underruns"] + 1) * per_restart, len(out)
+    assert np.count_nonzero(out) >= np.count_nonzero(x), "audio went missing"
