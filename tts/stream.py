@@ -77,7 +77,7 @@ class AudioChunk:
 class Synthesizer:
     """Streams one voice. Not thread-safe per call, but holds no per-call state."""
 
-    def __init__(self, voice: Voice, first_window: int = 8, max_window: int = 64) -> None:
+    def __init__(self, voice: Voice, first_window: int = 8, max_window: int = 96) -> None:
         self.voice = voice
         self.model = voice.model
         self.first_window = first_window
@@ -158,7 +158,7 @@ def window_plan(frames: int, first: int, largest: int) -> list[tuple[int, int]]:
 
 
 def decode_windows(model: Vits, z_p: torch.Tensor, g: torch.Tensor | None, gain: float = 1.0,
-                   first: int = 8, largest: int = 64) -> Iterator[tuple[np.ndarray, bool]]:
+                   first: int = 8, largest: int = 96) -> Iterator[tuple[np.ndarray, bool]]:
     """Flow + generator over windows of ``z_p`` ``[1, c, frames]``; joins equal ``model.decode``.
 
     The generator runs incrementally (``StreamingGenerator``): each window's latent frames
