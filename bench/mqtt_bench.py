@@ -60,7 +60,8 @@ class Listener:
         self.first_chunk: dict[str, float] = {}
         self.latency: dict[str, dict[str, Any]] = {}
         self.online = False
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="herald-bench-listener")
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2,
+                                  client_id="herald-bench-listener")
         self.client.on_message = self._on_message
         self.client.connect("127.0.0.1", port)
         self.client.subscribe([(f"{base}/availability", 1), (f"{base}/latency", 1),

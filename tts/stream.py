@@ -187,7 +187,8 @@ def decode_windows(model: Vits, z_p: torch.Tensor, g: torch.Tensor | None, gain:
                 span = z_p[:, :, f0:f1]
                 out = model.flow.reverse(span, torch.ones_like(span[:, :1]), g,
                                          trim_left=f0 > 0, trim_right=f1 < frames)
-                z[:, :, ready:upto] = out[:, :, ready - f0 - (fc if f0 else 0):][:, :, :upto - ready]
+                first_kept = ready - f0 - (fc if f0 else 0)  # the trimmed flow output starts later
+                z[:, :, ready:upto] = out[:, :, first_kept : first_kept + upto - ready]
                 ready = upto
             audio = gen.push(z[:, :, pushed:need], final=need == frames)
             pushed = need

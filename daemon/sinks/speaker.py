@@ -36,7 +36,7 @@ under a lock held only for deque operations). The callback never blocks and neve
   it mid-word doesn't click ("zipper noise"); ``cut()`` fades out over ``fade_ms``.
 
 When the device can't take the voice's rate, the stream opens at the device's default rate
-and ``daemon.resample`` converts (polyphase windowed sinc, in a worker thread).
+and ``tts.resample`` converts (polyphase windowed sinc, in a worker thread).
 
 Every PortAudio call that can block (open, start, stop, close) runs in one dedicated thread,
 which also serialises them; the loop awaits them with a timeout.
@@ -60,9 +60,9 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from tts import AudioFormat
+from tts.resample import Resampler
 
 from ..metrics import Metrics
-from ..resample import Resampler
 
 log = logging.getLogger("herald.speaker")
 

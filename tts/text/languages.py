@@ -65,7 +65,8 @@ def language_runs(text: str, default: str, cjk: str | None = None) -> list[Run]:
     """Split ``text`` into runs of one language.
 
     ``default`` is the language of non-CJK letters (the voice's). ``cjk``, when given
-    (``yue`` from an SSML ``xml:lang``), replaces the guess for ideographs and kana.
+    (``yue`` from an SSML ``xml:lang``, or a Cantonese voice's own), is the language of
+    ideographs in a text without kana.
     """
     family_of = {"han": "cjk", "kana": "cjk", "hangul": "hangul", "other": "other"}
     runs: list[tuple[str, list[str]]] = []  # (family, characters)
@@ -88,8 +89,8 @@ def language_runs(text: str, default: str, cjk: str | None = None) -> list[Run]:
         chunk = "".join(chars)
         if family == "hangul":
             out.append(Run(chunk, "ko", True))
-        elif family == "cjk":
-            out.append(Run(chunk, base_language(cjk) if cjk else ("ja" if has_kana else "zh"),
+        elif family == "cjk":  # kana settles it; else the caller's CJK language, else zh
+            out.append(Run(chunk, "ja" if has_kana else base_language(cjk) if cjk else "zh",
                            True))
         else:
             out.append(Run(chunk, default, False))

@@ -1,0 +1,340 @@
+"""The composer: who speaks which run (English, Chinese, mixed, voice switches), that every
+run is really spoken, exact pause lengths measured in the audio, one output rate across
+voices of different rates, and that audio streams rather than waiting for the whole text."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from audio_checks import assert_speech, rms
+from synthetic_voice import VARIANTS, export_like_piper, random_model
+
+from tts import SynthesisOptions, UnknownVoice, VoiceCatalog
+from tts.compose import ComposedChunk, Composer, Say, Silence, Step
+from tts.fallback import EspeakFallback
+from tts.resample import Resampler
+from tts.text.languages import Run, language_runs
+from tts.text.markup import MarkupError
+
+JOE = "en_US-joe-medium"
+ZH = "zh_CN-test-x_low"  # a random-weight 16 kHz "Chinese" voice made below
+MIXED = "你好，欢迎试用 herald！This is a real-time TTS demo."
+OPTS = SynthesisOptions(seed=7)
+
+
+@pytest.fixture(scope="module")
+def composer(catalog: VoiceCatalog) -> Composer:
+    return Composer(catalog)
+
+
+@pytest.fixture(scope="module")
+def zh_catalog(catalog: VoiceCatalog, tmp_path_factory: pytest.TempPathFactory
+               ) -> VoiceCatalog:
+    """The bundled voice plus a 16 kHz voice that claims to speak Chinese."""
+    d = tmp_path_factory.mktemp("voices")
+    export_like_piper(random_model(VARIANTS["x_low"]), d / f"{ZH}.onnx")
+    config = json.loads(catalog.resolve(JOE).config_path.read_text())
+    config["audio"] = {"sample_rate": 16000, "quality": "x_low"}
+    config["language"] = {"code": "zh_CN"}
+    config["espeak"] = {"voice": "cmn"}
+    (d / f"{ZH}.onnx.json").write_text(json.dumps(config))
+    return VoiceCatalog([d])
+
+
+def _plan(composer: Composer, text: str, fmt: str = "text", voice: str | None = None
+          ) -> list[Step]:
+    planner = composer.planner(fmt, voice)  # type: ignore[arg-type]
+    return planner.feed(text) + planner.finish()
+
+
+def _said(steps: list[Step]) -> list[tuple[str, str]]:
+    return [(s.voice, s.text) for s in steps if isinstance(s, Say)]
+
+
+def _audio(chunks: list[ComposedChunk]) -> np.ndarray:
+    return np.concatenate([c.samples for c in chunks]) if chunks else np.zeros(0, np.float32)
+
+
+# --- language runs ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,runs", [
+    ("Hello world.", [Run("Hello world.", "en", False)]),
+    (MIXED, [Run("你好，欢迎试用 ", "zh", True),
+             Run("herald！This is a real-time TTS demo.", "en", False)]),
+    ("I have 3 苹果.", [Run("I have 3 ", "en", False), Run("苹果.", "zh", True)]),
+    ("2024年1月5日", [Run("2024年1月5日", "zh", True)]),
+    ("こんにちは世界、hello", [Run("こんにちは世界、", "ja", True), Run("hello", "en", False)]),
+    ("世界 hi こんにちは", [Run("世界 ", "ja", True), Run("hi ", "en", False),
+                         Run("こんにちは", "ja", True)]),
+    ("안녕하세요 friend", [Run("안녕하세요 ", "ko", True), Run("friend", "en", False)]),
+    ("Привет, мир", [Run("Привет, мир", "en", False)]),  # other alphabets: the voice's
+    ("123 !!!", [Run("123 !!!", "en", False)]),
+    ("  ", []),
+])
+def test_language_runs(text: str, runs: list[Run]) -> None:
+    assert language_runs(text, "en") == runs
+
+
+def test_language_runs_cjk_override() -> None:
+    assert language_runs("你好 hi", "de", cjk="zh-HK") == [Run("你好 ", "yue", True),
+                                                          Run("hi", "de", False)]
+    assert language_runs("こんにちは", "en", cjk="yue")[0].language == "ja"  # kana wins
+
+
+# --- routing: who speaks which run -----------------------------------------------------------
+
+ROUTING = [
+    ("english", "Hello there. How are you?", "text",
+     [(JOE, "Hello there."), (JOE, "How are you?")]),
+    ("chinese", "你好，世界。今天很好。", "text",
+     [("espeak:cmn", "你好，世界。"), ("espeak:cmn", "今天很好。")]),
+    ("mixed", MIXED, "text", [("espeak:cmn", "你好，欢迎试用"), (JOE, "herald!"),
+                              (JOE, "This is a real-time TTS demo.")]),
+    ("japanese", "こんにちは。", "text", [("espeak:ja", "こんにちは。")]),
+    ("korean", "안녕하세요.", "text", [("espeak:ko", "안녕하세요.")]),
+    ("voice-tags", "Hello [voice espeak:en-us] robot. Still [voice en_US-joe-medium] human.",
+     "text", [(JOE, "Hello"), ("espeak:en-us", "robot."), ("espeak:en-us", "Still"),
+              (JOE, "human.")]),
+    ("cantonese-voice", "[voice espeak:yue] 你好 hello", "text",
+     [("espeak:yue", "你好 hello")]),
+    ("ssml-lang", '<speak>Hi <lang xml:lang="yue">你好</lang> <lang xml:lang="de">Guten Tag'
+     "</lang></speak>", "ssml", [(JOE, "Hi"), ("espeak:yue", "你好"), ("espeak:de", "Guten Tag")]),
+    ("ssml-voice", '<voice name="espeak:en-us">Robot.</voice> Human.', "ssml",
+     [("espeak:en-us", "Robot."), (JOE, "Human.")]),
+    ("ssml-say-as-joined", 'Code <say-as interpret-as="characters">AB</say-as> now.', "ssml",
+     [(JOE, "Code A, B now.")]),
+]
+
+
+@pytest.mark.parametrize("case_id,text,fmt,said", [pytest.param(*c, id=c[0]) for c in ROUTING])
+def test_routing(composer: Composer, case_id: str, text: str, fmt: str,
+                 said: list[tuple[str, str]]) -> None:
+    assert _said(_plan(composer, text, fmt)) == said
+
+
+def test_routing_prefers_an_installed_voice(zh_catalog: VoiceCatalog) -> None:
+    composer = Composer(zh_catalog)
+    assert _said(_plan(composer, MIXED)) == [
+        (ZH, "你好，欢迎试用"), (JOE, "herald!"), (JOE, "This is a real-time TTS demo.")]
+    assert _said(_plan(composer, "你好 hello", voice=ZH)) == [(ZH, "你好 hello")]
+
+
+def test_unknown_voice_in_markup_warns_and_speaks(composer: Composer) -> None:
+    planner = composer.planner()
+    steps = planner.feed("Hi [voice nobody] there.") + planner.finish()
+    assert _said(steps) == [(JOE, "Hi"), (JOE, "there.")]
+    assert "unknown voice 'nobody'" in planner.warnings[0]
+
+
+def test_unknown_request_voice_and_bad_format(composer: Composer) -> None:
+    with pytest.raises(UnknownVoice, match="nobody"):
+        composer.stream("Hi", voice="nobody")
+    with pytest.raises(UnknownVoice, match="espeak:klingon"):
+        composer.stream("Hi", voice="espeak:klingon")
+    with pytest.raises(ValueError, match="'text' or 'ssml'"):
+        composer.planner("markdown")  # type: ignore[arg-type]
+
+
+# --- speech for every run --------------------------------------------------------------------
+
+def test_chinese_sentence_is_spoken(composer: Composer) -> None:
+    comp = composer.stream("你好，欢迎使用智能家居。", options=OPTS)
+    chunks = list(comp)
+    assert {c.voice for c in chunks} == {"espeak:cmn"}
+    assert_speech(_audio(chunks), comp.sample_rate, min_seconds=0.5, max_seconds=5.0)
+
+
+def test_mixed_sentence_speaks_every_run(composer: Composer) -> None:
+    comp = composer.stream(MIXED, options=OPTS)
+    chunks = list(comp)
+    rate = comp.sample_rate
+    runs: dict[str, np.ndarray] = {}
+    for c in chunks:
+        runs[c.text] = np.concatenate([runs.get(c.text, np.zeros(0, np.float32)), c.samples])
+    chinese, name, english = runs["你好，欢迎试用"], runs["herald!"], runs[
+        "This is a real-time TTS demo."]
+    assert 0.5 <= len(chinese) / rate <= 5.0 and rms(chinese) > 0.02
+    assert_speech(chinese, rate)
+    assert 0.2 <= len(name) / rate <= 2.0 and rms(name) > 0.02
+    assert 1.0 <= len(english) / rate <= 5.0
+    assert_speech(english, rate)
+    whole = _audio(chunks)
+    assert_speech(whole, rate, min_seconds=2.0)
+    alone = [_audio(list(composer.stream(t, options=OPTS))) for t in
+             ("你好，欢迎试用", "This is a real-time TTS demo.")]
+    assert len(whole) > max(len(a) for a in alone)
+
+
+def test_plain_text_equals_the_synthesizer(composer: Composer, synth) -> None:  # type: ignore[no-untyped-def]
+    """Composing adds nothing to a single-voice sentence: the same samples as the voice's
+    own stream."""
+    text = "Turn on the kitchen lights."
+    composed = _audio(list(composer.stream(text, options=OPTS)))
+    direct = np.concatenate([c.samples for c in synth.stream(text, OPTS)])
+    assert np.array_equal(composed, direct)
+
+
+def test_rate_changes_duration(composer: Composer) -> None:
+    opts = SynthesisOptions(seed=3, noise_w=0.0)
+    normal = len(_audio(list(composer.stream("Hello there.", options=opts))))
+    slow = len(_audio(list(composer.stream("[rate 0.5] Hello there.", options=opts))))
+    fast_ssml = len(_audio(list(composer.stream(
+        '<prosody rate="200%">Hello there.</prosody>', "ssml", opts))))
+    assert 1.7 < slow / normal < 2.3
+    assert 0.4 < fast_ssml / normal < 0.65
+    zh = len(_audio(list(composer.stream("你好，世界", options=opts))))
+    zh_slow = len(_audio(list(composer.stream("【慢速】你好，世界", options=opts))))
+    assert zh_slow > 1.15 * zh
+
+
+# --- pauses ----------------------------------------------------------------------------------
+
+def _zero_runs(x: np.ndarray, min_len: int) -> list[tuple[int, int]]:
+    edges = np.diff(np.concatenate([[0], (x == 0.0).astype(np.int8), [0]]))
+    starts, ends = np.nonzero(edges == 1)[0], np.nonzero(edges == -1)[0]
+    return [(int(a), int(b)) for a, b in zip(starts, ends) if b - a >= min_len]
+
+
+def _quiet_gap(x: np.ndarray, rate: int, a: int, b: int) -> float:
+    """Seconds of quiet (10 ms frames below 1 % of full scale) around samples a..b."""
+    frame = rate // 100
+
+    def quiet(i: int) -> bool:
+        return rms(x[i:i + frame]) < 0.01
+
+    while a - frame >= 0 and quiet(a - frame):
+        a -= frame
+    while b + frame <= len(x) and quiet(b):
+        b += frame
+    return (b - a) / rate
+
+
+PAUSES = [
+    ("tag-plus-sentence", "Yes. [pause 300ms] No.", "text", 0.2, 0.4, 0.5),
+    ("tag-mid-sentence", "Yes [pause 700ms] no.", "text", 0.2, 0.4, 0.7),
+    ("sentence", "Yes. No.", "text", 0.25, 0.4, 0.25),
+    ("paragraph", "Yes.\n\nNo.", "text", 0.2, 0.6, 0.6),
+    ("chinese-tag", "Yes【停顿0.3秒】no.", "text", 0.2, 0.4, 0.3),
+    ("ssml-break", '<speak>Yes <break time="1s"/> no.</speak>', "ssml", 0.2, 0.4, 1.0),
+    ("ssml-break-strength", 'Yes. <break strength="strong"/> No.', "ssml", 0.1, 0.4, 0.8),
+    ("ssml-paragraphs", "<p>Yes.</p><p>No.</p>", "ssml", 0.1, 0.5, 0.5),
+    ("ssml-sentences", "<s>Yes</s><s>No</s>", "ssml", 0.3, 0.5, 0.3),
+]
+
+
+@pytest.mark.parametrize("case_id,text,fmt,sentence_pause,paragraph_pause,expected",
+                         [pytest.param(*c, id=c[0]) for c in PAUSES])
+def test_pause_lengths(composer: Composer, case_id: str, text: str, fmt: str,
+                       sentence_pause: float, paragraph_pause: float, expected: float) -> None:
+    comp = composer.stream(text, fmt, OPTS, sentence_pause=sentence_pause,  # type: ignore[arg-type]
+                           paragraph_pause=paragraph_pause)
+    x = _audio(list(comp))
+    rate = comp.sample_rate
+    runs = _zero_runs(x, int(0.05 * rate))
+    assert len(runs) == 1, f"expected one inserted silence, found {runs}"
+    a, b = runs[0]
+    assert abs((b - a) / rate - expected) <= 0.02, f"pause {(b - a) / rate:.3f} s"
+    before, after = x[:a], x[b:]
+    assert rms(before) > 0.02 and rms(after) > 0.02, "the pause is not between two speech parts"
+    gap = _quiet_gap(x, rate, a, b)
+    assert expected - 0.02 <= gap <= expected + 0.5, f"quiet gap {gap:.3f} s"
+
+
+def test_no_pause_after_the_last_sentence(composer: Composer) -> None:
+    steps = _plan(composer, "One. Two.\n\n")
+    assert isinstance(steps[-1], Say) and steps[-1].last_in_sentence
+    trailing = _plan(composer, "One. [pause 1s]")
+    assert isinstance(trailing[-1], Silence) and trailing[-1].seconds == 1.0  # asked for
+
+
+# --- malformed markup ------------------------------------------------------------------------
+
+def test_malformed_ssml_raises_or_is_spoken_as_text(composer: Composer) -> None:
+    text = "Hello <b>there & everyone."
+    with pytest.raises(MarkupError, match="line 1"):
+        composer.stream(text, "ssml")
+    comp = composer.stream(text, "ssml", OPTS, markup_errors="text")
+    assert "malformed SSML" in comp.warnings[0] and "plain text" in comp.warnings[0]
+    assert _said(comp.steps) == [(JOE, "Hello there & everyone.")]
+    assert_speech(_audio(list(comp)), comp.sample_rate, min_seconds=0.8)
+
+
+# --- one output rate across voices -----------------------------------------------------------
+
+def test_other_rates_are_resampled(zh_catalog: VoiceCatalog) -> None:
+    composer = Composer(zh_catalog)
+    comp = composer.stream("你好。Hi.", options=OPTS)
+    assert comp.sample_rate == 22050
+    chunks = list(comp)
+    zh = _audio([c for c in chunks if c.voice == ZH])
+    own = zh_catalog.synthesizer(ZH).synthesize("你好。", SynthesisOptions(seed=7))
+    resampler = Resampler(16000, 22050)
+    expected = np.concatenate([resampler.process(own), resampler.flush()])
+    assert len(zh) == len(expected)
+    assert np.allclose(zh, expected, atol=1e-4) and rms(zh) > 0
+    # The 16 kHz voice as the request voice: the English voice and espeak-ng come down to it.
+    comp16 = composer.stream('<lang xml:lang="en-US">Hi.</lang> こんにちは', "ssml", OPTS,
+                             voice=ZH)
+    assert comp16.sample_rate == 16000
+    chunks16 = list(comp16)
+    assert {c.voice for c in chunks16} == {JOE, "espeak:ja"}
+    joe = zh_catalog.synthesizer(JOE).synthesize("Hi.", SynthesisOptions(seed=7))
+    down = Resampler(22050, 16000)
+    assert sum(len(c.samples) for c in chunks16 if c.voice == JOE) == down.expected_length(
+        len(joe))
+    ja = composer.fallback.synthesize("こんにちは", composer.fallback.resolve("ja"))  # type: ignore[union-attr]
+    ja16 = sum(len(c.samples) for c in chunks16 if c.voice == "espeak:ja")
+    assert abs(ja16 - down.expected_length(len(ja))) < 0.05 * 16000  # espeak-ng varies a bit
+
+
+# --- streaming -------------------------------------------------------------------------------
+
+def test_first_audio_before_the_rest_is_rendered(composer: Composer) -> None:
+    """Rendering pulls steps lazily: the first chunk exists before the second sentence's
+    step has even been taken, and a sentence comes in several chunks."""
+    steps = _plan(composer, "Good morning to you. The weather is fine today.")
+    taken: list[Step] = []
+
+    def lazily() -> Iterator[Step]:
+        for s in steps:
+            taken.append(s)
+            yield s
+
+    chunks = composer.render(lazily(), OPTS)
+    first = next(chunks)
+    assert first.voice == JOE and len(taken) == 1
+    rest = list(chunks)
+    assert len(taken) == len(steps) and len([c for c in rest if c.sentence == 0]) >= 2
+
+
+def test_planner_releases_each_sentence_as_it_completes(composer: Composer) -> None:
+    planner = composer.planner(sentence_pause=0.2)
+    assert planner.feed("[rate 0.8]First sen") == []
+    got = planner.feed("tence. Sec")
+    assert _said(got) == [(JOE, "First sentence.")] and got[0].rate == 0.8  # type: ignore[union-attr]
+    assert planner.feed("ond one") == []
+    tail = planner.finish()
+    assert [type(s) for s in tail] == [Silence, Say]
+    assert tail[1].rate == 0.8 and tail[1].text == "Second one"  # type: ignore[union-attr]
+
+
+def test_fallback_voices() -> None:
+    fallback = EspeakFallback()
+    labels = {v.label for v in fallback.voices()}
+    assert {"espeak:cmn", "espeak:yue", "espeak:ja", "espeak:ko", "espeak:en-us"} <= labels
+    for code, label in [("zh", "espeak:cmn"), ("zh_CN", "espeak:cmn"), ("cmn", "espeak:cmn"),
+                        ("zh-HK", "espeak:yue"), ("yue", "espeak:yue"), ("en_US", "espeak:en-us"),
+                        ("de", "espeak:de"), ("espeak:ja", "espeak:ja")]:
+        found = fallback.find(code)
+        assert found is not None and found.label == label, code
+    assert fallback.find("tlh") is None
+    # Han characters are read as their pinyin (Debian's espeak-ng 1.51 'cmn' voice would say
+    # the tone numbers as English words, twice as long).
+    han = fallback.synthesize("你好", fallback.resolve("zh"))
+    pinyin = fallback.synthesize("ni3 hao3", fallback.resolve("cmn-latn-pinyin"))
+    assert abs(len(han) - len(pinyin)) < 0.05 * len(pinyin)
+    assert_speech(fallback.synthesize("你好，欢迎使用。", fallback.resolve("zh")),
+                  fallback.sample_rate)

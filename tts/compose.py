@@ -1,0 +1,442 @@
+"""Marked-up text -> one stream of audio chunks, across voices, languages and pauses.
+
+Two stages, so that the cheap one can run where the request arrives (an event loop) and the
+expensive one where synthesis runs (a worker thread):
+
+* **plan** (``Planner``, text only, milliseconds): markup -> sentences -> language runs ->
+  a list of steps, each ``Say(text, voice, rate)`` or ``Silence(seconds)``. It decides who
+  speaks each run: the request's voice for its own language, an installed voice of the run's
+  language, else espeak-ng (``espeak:cmn``). It accepts text in pieces (``feed``) and
+  returns the steps of each sentence as soon as the sentence is complete.
+* **render** (``Composer.render``): steps -> ``ComposedChunk``s, chunk by chunk as the
+  voices produce them (never a whole text first), all at one sample rate — the request
+  voice's — so a stream keeps one audio format. Other voices and espeak-ng are resampled.
+
+Pauses are exact: a silence is that many zero samples at the output rate. A sentence is
+followed by ``sentence_pause`` (or ``paragraph_pause`` at a paragraph end), an explicit
+pause adds to that, and nothing is added after the last sentence.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import re
+import unicodedata
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+import torch
+
+from .audio import AudioFormat
+from .catalog import UnknownVoice, VoiceCatalog
+from .fallback import LABEL_PREFIX, EspeakFallback, FallbackError
+from .resample import Resampler
+from .stream import AudioChunk, SynthesisOptions
+from .text.languages import CJK_LANGUAGES, base_language, for_voice, language_runs
+from .text.markup import (
+    Markup,
+    MarkupError,
+    ParagraphBreak,
+    Pause,
+    Segment,
+    SentenceBreak,
+    Speech,
+    TagParser,
+    TextFormat,
+    parse_ssml,
+)
+from .text.sentences import DEFAULT_MAX_CHARS, Sentence, SentenceBuffer, split_sentences
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PARAGRAPH_PAUSE = 0.4  # seconds
+MarkupErrors = Literal["raise", "text"]
+
+
+@dataclass(frozen=True)
+class ComposedChunk(AudioChunk):
+    """An ``AudioChunk`` at the composition's rate, saying who spoke it."""
+
+    voice: str = ""  # a voice name, "espeak:<language>", or "" for a pause
+    text: str = ""  # the run of text this is the audio of ("" for a pause)
+
+
+@dataclass(frozen=True)
+class Say:
+    text: str
+    voice: str  # a voice name or "espeak:<language>"
+    rate: float  # speed factor on top of the request's
+    sentence: int
+    last_in_sentence: bool = False
+
+
+@dataclass(frozen=True)
+class Silence:
+    seconds: float
+    sentence: int
+    last_in_sentence: bool = False
+
+
+Step = Say | Silence
+
+
+class Composer:
+    """Plans and renders speech over the installed voices and espeak-ng.
+
+    ``fallback``: the espeak-ng engine to use; by default one is made unless ``use_espeak``
+    is False. Without it, text no installed voice speaks goes to the request's voice, with
+    a warning.
+    """
+
+    def __init__(self, catalog: VoiceCatalog, fallback: EspeakFallback | None = None,
+                 use_espeak: bool = True, max_chars: int = DEFAULT_MAX_CHARS) -> None:
+        self.catalog = catalog
+        self.max_chars = max_chars
+        if fallback is None and use_espeak:
+            try:
+                fallback = EspeakFallback()
+            except FallbackError as e:
+                log.warning("no espeak-ng fallback (%s): text in languages without an "
+                            "installed voice goes to the request's voice", e)
+        self.fallback = fallback
+
+    # --- voices ---------------------------------------------------------------------------
+
+    def voice_label(self, voice: str | None) -> str:
+        """The canonical name of a request's voice; raises UnknownVoice."""
+        if voice and voice.startswith(LABEL_PREFIX):
+            found = self.fallback.find(voice) if self.fallback else None
+            if found is None:
+                why = "has no such language" if self.fallback else "is not installed"
+                raise UnknownVoice(f"unknown voice {voice!r}: espeak-ng {why}")
+            return found.label
+        return self.catalog.resolve(voice).name
+
+    def known_voice(self, voice: str) -> str | None:
+        """``voice_label``, or None for a voice nobody has."""
+        try:
+            return self.voice_label(voice)
+        except UnknownVoice:
+            return None
+
+    def language_of(self, label: str) -> str:
+        if label.startswith(LABEL_PREFIX):
+            assert self.fallback is not None
+            return self.fallback.resolve(label).languages[0]
+        return self.catalog.resolve(label).config.language
+
+    def sample_rate(self, voice: str | None = None) -> int:
+        """The rate every chunk of a composition for this request voice comes at."""
+        label = self.voice_label(voice)
+        if label.startswith(LABEL_PREFIX):
+            assert self.fallback is not None
+            return self.fallback.sample_rate
+        return self.catalog.resolve(label).config.sample_rate
+
+    def audio_format(self, voice: str | None = None) -> AudioFormat:
+        return AudioFormat(self.sample_rate(voice))
+
+    def route(self, language: str) -> str | None:
+        """Who speaks ``language`` when the voice in use doesn't: an installed voice, else
+        espeak-ng; None if nobody does."""
+        try:
+            return self.catalog.resolve(language=language).name
+        except UnknownVoice:
+            found = self.fallback.find(language) if self.fallback else None
+            return found.label if found else None
+
+    # --- the two stages -------------------------------------------------------------------
+
+    def planner(self, fmt: TextFormat = "text", voice: str | None = None,
+                sentence_pause: float = 0.0, paragraph_pause: float = DEFAULT_PARAGRAPH_PAUSE,
+                markup_errors: MarkupErrors = "raise") -> Planner:
+        return Planner(self, fmt, voice, sentence_pause, paragraph_pause, markup_errors)
+
+    def render(self, steps: Iterable[Step], options: SynthesisOptions = SynthesisOptions(),
+               voice: str | None = None) -> Iterator[ComposedChunk]:
+        """Audio of the steps, chunk by chunk, at the request voice's rate. ``options`` are
+        the request's: its length scale sets the pace of every voice (relative to each
+        voice's own default), its speaker applies to the request voice only."""
+        primary = self.voice_label(voice)
+        rate = self.sample_rate(primary)
+        speed = 1.0
+        if options.length_scale and not primary.startswith(LABEL_PREFIX):
+            speed = self.catalog.resolve(primary).config.length_scale / options.length_scale
+        generator = torch.Generator().manual_seed(options.seed) if options.seed is not None \
+            else None
+        for step in steps:
+            if isinstance(step, Silence):
+                n = int(round(step.seconds * rate))
+                if n > 0:
+                    yield ComposedChunk(np.zeros(n, np.float32), step.sentence,
+                                        step.last_in_sentence)
+            elif step.voice.startswith(LABEL_PREFIX):
+                yield from self._render_fallback(step, options, speed, rate)
+            else:
+                yield from self._render_neural(step, options, speed, rate, generator,
+                                               step.voice == primary)
+
+    def stream(self, text: str, fmt: TextFormat = "text",
+               options: SynthesisOptions = SynthesisOptions(), voice: str | None = None,
+               sentence_pause: float | None = None, paragraph_pause: float | None = None,
+               markup_errors: MarkupErrors = "raise") -> Composition:
+        """A whole text. Raises UnknownVoice (request voice) and MarkupError (malformed SSML,
+        unless ``markup_errors="text"``) before any synthesis; the audio is made as the
+        returned iterator is consumed. ``sentence_pause`` defaults to the options'
+        ``sentence_silence``."""
+        planner = self.planner(
+            fmt, voice, options.sentence_silence if sentence_pause is None else sentence_pause,
+            DEFAULT_PARAGRAPH_PAUSE if paragraph_pause is None else paragraph_pause,
+            markup_errors)
+        steps = planner.feed(text) + planner.finish()
+        return Composition(steps, self.render(steps, options, planner.voice),
+                           self.sample_rate(planner.voice), planner.voice, planner.warnings)
+
+    # --- rendering one step ---------------------------------------------------------------
+
+    def _render_neural(self, step: Say, options: SynthesisOptions, speed: float, rate: int,
+                       generator: torch.Generator | None, is_primary: bool
+                       ) -> Iterator[ComposedChunk]:
+        synth = self.catalog.synthesizer(step.voice)
+        config = synth.voice.config
+        opts = replace(options, length_scale=config.length_scale / (speed * step.rate),
+                       speaker=options.speaker if is_primary else None, seed=None,
+                       sentence_silence=0.0)
+        resampler = Resampler(config.sample_rate, rate) if config.sample_rate != rate else None
+        sentences = synth.sentences(step.text)
+        for k, ids in enumerate(sentences):
+            for samples, last in synth.stream_ids(ids, opts, generator):
+                final = last and k == len(sentences) - 1
+                if resampler is not None:
+                    samples = resampler.process(samples)
+                    if final:
+                        samples = np.concatenate([samples, resampler.flush()])
+                yield ComposedChunk(samples, step.sentence, final and step.last_in_sentence,
+                                    step.voice, step.text)
+
+    def _render_fallback(self, step: Say, options: SynthesisOptions, speed: float, rate: int
+                         ) -> Iterator[ComposedChunk]:
+        assert self.fallback is not None
+        voice = self.fallback.resolve(step.voice)
+        samples = self.fallback.synthesize(step.text, voice, speed * step.rate, options.gain)
+        if self.fallback.sample_rate != rate:
+            resampler = Resampler(self.fallback.sample_rate, rate)
+            samples = np.concatenate([resampler.process(samples), resampler.flush()])
+        size = max(1, rate // 2)
+        pieces = range(0, len(samples), size)
+        for start in pieces:
+            yield ComposedChunk(samples[start:start + size], step.sentence,
+                                step.last_in_sentence and start == pieces[-1], step.voice,
+                                step.text)
+
+
+class Composition(Iterator[ComposedChunk]):
+    """The chunks of one text, with what was planned: ``steps`` (who says what),
+    ``sample_rate``, ``voice`` (the request voice's name) and markup ``warnings``."""
+
+    def __init__(self, steps: list[Step], chunks: Iterator[ComposedChunk], sample_rate: int,
+                 voice: str, warnings: list[str]) -> None:
+        self.steps = steps
+        self.sample_rate = sample_rate
+        self.voice = voice
+        self.warnings = warnings
+        self._chunks = chunks
+
+    def __iter__(self) -> Composition:
+        return self
+
+    def __next__(self) -> ComposedChunk:
+        return next(self._chunks)
+
+
+_TAG_LIKE = re.compile(r"<[^<>]*>")
+
+
+class Planner:
+    """Text (whole, or in pieces) -> steps. Text only: no synthesis, safe on an event loop.
+
+    ``feed`` returns the steps of the sentences the text so far completes; ``finish`` the
+    rest. For SSML, which is only parseable whole, everything comes from ``finish``.
+    """
+
+    def __init__(self, composer: Composer, fmt: TextFormat, voice: str | None,
+                 sentence_pause: float, paragraph_pause: float,
+                 markup_errors: MarkupErrors) -> None:
+        if fmt not in ("text", "ssml"):
+            raise ValueError(f"unknown text format {fmt!r}: use 'text' or 'ssml'")
+        self.composer = composer
+        self.fmt = fmt
+        self.voice = composer.voice_label(voice)  # raises UnknownVoice
+        self.language = composer.language_of(self.voice)
+        self.sentence_pause = max(0.0, sentence_pause)
+        self.paragraph_pause = max(0.0, paragraph_pause)
+        self.markup_errors = markup_errors
+        self.warnings: list[str] = []
+        self._buffer = SentenceBuffer(composer.max_chars)
+        self._tags = TagParser()
+        self._ssml: list[str] = []
+        self._sentence = 0  # index of the sentence being planned
+        self._spoke = False  # whether it has any speech yet
+        self._pending = 0.0  # silence owed before the next speech
+        self._out: list[Step] = []
+
+    # --- input ----------------------------------------------------------------------------
+
+    def feed(self, piece: str) -> list[Step]:
+        if self.fmt == "ssml":
+            self._ssml.append(piece)
+            return []
+        for sentence in self._buffer.feed(piece):
+            self._tagged_sentence(sentence)
+        return self._take()
+
+    def finish(self) -> list[Step]:
+        if self.fmt == "ssml":
+            self._finish_ssml("".join(self._ssml))
+        else:
+            for sentence in self._buffer.flush():
+                self._tagged_sentence(sentence)
+        self._end_sentence(0.0)  # the gap after the last sentence is never said
+        return self._take()
+
+    def _take(self) -> list[Step]:
+        out, self._out = self._out, []
+        return out
+
+    def _warn(self, messages: Iterable[str]) -> None:
+        for m in messages:
+            log.info("markup: %s", m)
+            self.warnings.append(m)
+
+    def _tagged_sentence(self, sentence: Sentence) -> None:
+        markup = self._tags.parse(sentence.text)
+        self._warn(markup.warnings)
+        for seg in markup.segments:
+            if isinstance(seg, Pause):
+                self._pause(seg.seconds)
+            elif isinstance(seg, Speech):
+                self._speech(seg)
+        self._end_sentence(self._gap(sentence))
+
+    def _gap(self, sentence: Sentence) -> float:
+        if sentence.paragraph_end:
+            return self.paragraph_pause
+        return self.sentence_pause if sentence.terminated else 0.0
+
+    def _finish_ssml(self, text: str) -> None:
+        try:
+            markup = parse_ssml(text, self.language)
+        except MarkupError as e:
+            if self.markup_errors == "raise":
+                raise
+            self._warn([f"{e}; spoken as plain text"])
+            plain = html.unescape(_TAG_LIKE.sub(" ", text))
+            for sentence in split_sentences(plain, self.composer.max_chars):
+                self._speech(Speech(sentence.text))
+                self._end_sentence(self._gap(sentence))
+            return
+        self._warn(markup.warnings)
+        self._ssml_segments(markup)
+
+    def _ssml_segments(self, markup: Markup) -> None:
+        for seg in _merge(markup.segments):
+            if isinstance(seg, Pause):
+                self._pause(seg.seconds)
+            elif isinstance(seg, SentenceBreak):
+                self._end_sentence(self.sentence_pause)
+            elif isinstance(seg, ParagraphBreak):
+                self._end_sentence(self.paragraph_pause)
+            else:
+                sentences = split_sentences(seg.text, self.composer.max_chars)
+                for k, sentence in enumerate(sentences):
+                    self._speech(replace(seg, text=sentence.text))
+                    if k < len(sentences) - 1 or sentence.terminated:
+                        self._end_sentence(self._gap(sentence))
+
+    # --- output ---------------------------------------------------------------------------
+
+    def _pause(self, seconds: float) -> None:
+        self._out.append(Silence(self._pending + seconds, self._sentence))
+        self._pending = 0.0
+
+    def _end_sentence(self, gap: float) -> None:
+        """Close the current sentence: mark its last step, owe the gap after it. A sentence
+        that said nothing (only a pause or a [voice] tag) is no sentence: no gap."""
+        if not self._spoke:
+            if self._sentence > 0:  # a <p> right after a sentence's end: the longer gap
+                self._pending = max(self._pending, gap)
+            return
+        if self._out and self._out[-1].sentence == self._sentence:
+            self._out[-1] = replace(self._out[-1], last_in_sentence=True)
+        self._sentence += 1
+        self._spoke = False
+        self._pending = max(self._pending, gap)
+
+    def _speech(self, seg: Speech) -> None:
+        if not _speakable(seg.text):
+            return
+        current = self.voice
+        if seg.voice:
+            known = self.composer.known_voice(seg.voice)
+            if known is None:
+                self._warn([f"unknown voice {seg.voice!r} in the markup: the request's voice "
+                            f"{self.voice} speaks instead"])
+            else:
+                current = known
+        own = self.composer.language_of(current)
+        default = own
+        cjk = own if base_language(own) in CJK_LANGUAGES else None  # a Cantonese voice: yue
+        if seg.language:
+            if base_language(seg.language) in CJK_LANGUAGES:
+                cjk = seg.language
+            elif not seg.voice:
+                default = seg.language
+        merge = False  # runs of one segment that the same voice speaks are said together
+        for run in language_runs(seg.text, default, cjk):
+            text = for_voice(run.text, run.cjk)
+            if not _speakable(text):
+                continue
+            speaker = current
+            if base_language(run.language) != base_language(own):
+                speaker = self.composer.route(run.language) or current
+                if speaker == current:
+                    self._warn([f"no installed voice and no espeak-ng voice speaks "
+                                f"{run.language!r}: {current} reads {text!r}"])
+            if self._pending > 0:
+                self._out.append(Silence(self._pending, self._sentence))
+                self._pending = 0.0
+            prev = self._out[-1] if self._out and merge else None
+            if isinstance(prev, Say) and prev.voice == speaker:  # one voice, one intonation
+                self._out[-1] = replace(prev, text=f"{prev.text} {text}")
+            else:
+                self._out.append(Say(text, speaker, seg.rate, self._sentence))
+            merge = self._spoke = True
+
+
+def _speakable(text: str) -> bool:
+    """Anything but whitespace and punctuation (symbols like $ and % are read out)."""
+    return any(not ch.isspace() and not unicodedata.category(ch).startswith("P")
+               for ch in text)
+
+
+def _merge(segments: Iterable[Segment]) -> list[Segment]:
+    """Join neighbouring Speech segments that differ only in ``say_as``, so that a sentence
+    with a ``<say-as>`` in it is synthesized as one sentence, with one intonation."""
+    out: list[Segment] = []
+    for seg in segments:
+        prev = out[-1] if out else None
+        if (isinstance(seg, Speech) and isinstance(prev, Speech)
+                and (prev.voice, prev.language, prev.rate) == (seg.voice, seg.language,
+                                                                seg.rate)):
+            joiner = "" if seg.text[:1] in ".,!?;:" or _ends_cjk(prev.text) else " "
+            out[-1] = replace(prev, text=prev.text + joiner + seg.text, say_as=None)
+        else:
+            out.append(seg)
+    return out
+
+
+def _ends_cjk(text: str) -> bool:
+    return bool(text) and unicodedata.category(text[-1]) == "Lo" and ord(text[-1]) > 0x2E80
