@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tts import AudioChunk, AudioFormat, SynthesisOptions, VoiceCatalog, set_threads
+from tts.compose import Composer, MarkupErrors
+from tts.text import TextFormat
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +40,17 @@ class Engine:
     def __init__(self, catalog: VoiceCatalog, settings: EngineSettings = EngineSettings()) -> None:
         self.catalog = catalog
         self.settings = settings
+        # Markup, sentence splitting, language runs and the espeak-ng fallback: every front
+        # speaks through the composer, so they all understand the same text.
+        self.composer = Composer(catalog)
         set_threads(settings.threads)
         self._pool = ThreadPoolExecutor(max_workers=max(settings.max_streams, settings.workers),
                                         thread_name_prefix="herald-synth")
         self._cpu = threading.BoundedSemaphore(settings.workers)
 
     def audio_format(self, voice: str | None = None) -> AudioFormat:
-        return AudioFormat(self.catalog.resolve(voice).config.sample_rate)
+        """The one format a stream for this request voice comes in (others are resampled)."""
+        return self.composer.audio_format(voice)
 
     async def preload(self, voice: str | None = None) -> None:
         """Load a voice's weights off the loop (start-up, before READY)."""
@@ -52,15 +58,27 @@ class Engine:
         await loop.run_in_executor(self._pool, self.catalog.synthesizer, voice)
 
     async def stream(self, text: str, voice: str | None = None,
-                     options: SynthesisOptions = SynthesisOptions()) -> AsyncIterator[AudioChunk]:
-        """Chunks as the worker produces them. Raises the worker's error (UnknownVoice, ...)."""
-        self.catalog.resolve(voice)  # unknown voice: fail before queueing any work
+                     options: SynthesisOptions = SynthesisOptions(),
+                     text_format: TextFormat = "text",
+                     markup_errors: MarkupErrors = "raise") -> AsyncIterator[AudioChunk]:
+        """Chunks as the worker produces them.
+
+        Raises ``UnknownVoice`` and ``MarkupError`` (malformed SSML) before any work is
+        queued, then whatever the worker raises.
+        """
+        composition = self.composer.stream(text, text_format, options, voice,
+                                           markup_errors=markup_errors)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[object] = asyncio.Queue(self.settings.queue_chunks)
         cancelled = threading.Event()
 
         def put(item: object) -> None:
-            fut = asyncio.run_coroutine_threadsafe(queue.put(item), loop)
+            coro = queue.put(item)
+            try:
+                fut = asyncio.run_coroutine_threadsafe(coro, loop)
+            except RuntimeError:  # the loop is gone (shutdown): nobody is listening
+                coro.close()
+                return
             while not cancelled.is_set():
                 try:
                     fut.result(timeout=0.5)
@@ -68,15 +86,13 @@ class Engine:
                 except TimeoutError:
                     continue
             fut.cancel()
+            coro.close()  # never started: say so, rather than warn "never awaited"
 
         def work() -> None:
             try:
-                with self._cpu:
-                    synth = self.catalog.synthesizer(voice)
-                chunks = synth.stream(text, options)
                 while not cancelled.is_set():
-                    with self._cpu:
-                        chunk = next(chunks, None)
+                    with self._cpu:  # a voice loads lazily here, under the slot
+                        chunk = next(composition, None)
                     if chunk is None:
                         put(_DONE)
                         return
