@@ -148,7 +148,7 @@ def main(repeats: int = 5, threads: list[int] | None = None, as_json: bool = Fal
         return 0
     print(f"{'threads':>7} {'figure':<28} {'herald':>10} {'piper-tts':>10} {'ratio':>7}")
     for key, r in results.items():
-        n = key.split("_")[1]
+        label = key.split("_")[1]
         h, p = r["herald"], r["piper"]
         rows = [("first audio, short (ms)", h["short"]["first_audio_ms"],
                  p["short"]["first_audio_ms"]),
@@ -157,7 +157,7 @@ def main(repeats: int = 5, threads: list[int] | None = None, as_json: bool = Fal
                 ("real-time factor, long", r["rtf_herald"], r["rtf_piper"]),
                 ("peak RSS (MB)", h["peak_rss_mb"], p["peak_rss_mb"])]
         for name, a, b in rows:
-            print(f"{n:>7} {name:<28} {a:>10.3f} {b:>10.3f} {a / b:>7.3f}")
+            print(f"{label:>7} {name:<28} {a:>10.3f} {b:>10.3f} {a / b:>7.3f}")
     print("(summary: worst ratio over thread counts) "
           + ", ".join(f"{k}={v}" for k, v in summary.items()))
     return 0

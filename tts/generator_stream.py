@@ -17,7 +17,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .vits import LRELU_SLOPE, Conv, Generator, ResBlock1, ResBlock2, Upsample
+from .vits import LRELU_SLOPE, Conv, Generator, ResBlock1, ResBlock2, Upsample, _as_int
+
+
+def _conv(module: object) -> Conv:
+    assert isinstance(module, Conv), f"expected vits.Conv, got {type(module).__name__}"
+    return module
 
 
 def _keep(buf: Tensor, n: int) -> Tensor:
@@ -108,7 +113,7 @@ class _Upsample:
     def __init__(self, up: Upsample) -> None:
         self.up = up
         self.k = up.taps - 1  # causal context of each phase
-        self.skip = up.padding[0]  # leading samples the one-shot output crops
+        self.skip = _as_int(up.padding)  # leading samples the one-shot output crops
         self.tail: Tensor | None = None
         self.inputs = 0
         self.emitted = 0
@@ -136,10 +141,10 @@ class _ResBlock:
 
     def __init__(self, block: ResBlock1 | ResBlock2) -> None:
         if isinstance(block, ResBlock1):
-            self.chains = [[_Conv(c1, LRELU_SLOPE), _Conv(c2, LRELU_SLOPE)]
+            self.chains = [[_Conv(_conv(c1), LRELU_SLOPE), _Conv(_conv(c2), LRELU_SLOPE)]
                            for c1, c2 in zip(block.convs1, block.convs2)]
         else:
-            self.chains = [[_Conv(c, LRELU_SLOPE)] for c in block.convs]
+            self.chains = [[_Conv(_conv(c), LRELU_SLOPE)] for c in block.convs]
         self.delays = [_Delay() for _ in self.chains]
 
     def push(self, x: Tensor, final: bool) -> Tensor:

@@ -407,13 +407,13 @@ class WN(nn.Module):
 class ResidualCouplingLayer(nn.Module):
     def __init__(self, c: VitsConfig) -> None:
         super().__init__()
-        self.half = c.inter_channels // 2
-        self.pre = nn.Conv1d(self.half, c.hidden_channels, 1)
+        self.half_channels = c.inter_channels // 2
+        self.pre = nn.Conv1d(self.half_channels, c.hidden_channels, 1)
         self.enc = WN(c.hidden_channels, c.flow_kernel_size, c.flow_wn_layers, c.gin_channels)
-        self.post = nn.Conv1d(c.hidden_channels, self.half, 1)  # mean only
+        self.post = nn.Conv1d(c.hidden_channels, self.half_channels, 1)  # mean only
 
     def reverse(self, x: Tensor, x_mask: Tensor, g: Tensor | None) -> Tensor:
-        x0, x1 = torch.split(x, [self.half, self.half], dim=1)
+        x0, x1 = torch.split(x, [self.half_channels, self.half_channels], dim=1)
         h = self.enc(self.pre(x0) * x_mask, x_mask, g)
         x1 = (x1 - self.post(h) * x_mask) * x_mask
         return torch.cat([x0, x1], dim=1)
@@ -491,8 +491,11 @@ class Conv(nn.Conv1d):
         return self.valid(x, self.radius)
 
 
-def _as_int(v: object) -> int:
-    return int(v[0]) if isinstance(v, tuple) else int(v)  # type: ignore[arg-type]
+def _as_int(v: int | str | tuple[int, ...]) -> int:
+    """A 1-D convolution's padding/dilation as one number (torch stores tuples)."""
+    if isinstance(v, str):
+        raise ValueError(f"string padding {v!r} is not used by VITS")
+    return int(v[0]) if isinstance(v, tuple) else int(v)
 
 
 class Upsample(nn.ConvTranspose1d):
@@ -539,7 +542,7 @@ class Upsample(nn.ConvTranspose1d):
     def forward(self, x: Tensor, output_size: list[int] | None = None) -> Tensor:
         if x.dim() == 3:
             return super().forward(x, output_size)
-        u, p = self.stride[0], self.padding[0]
+        u, p = self.stride[0], _as_int(self.padding)
         y = self.polyphase(x, self.taps - 1)
         return y[:, :, :, p : p + x.shape[-1] * u]
 
@@ -608,9 +611,10 @@ class Generator(nn.Module):
         """
         frame = 1000  # any frame away from the edges
         lo, hi = frame - 3, frame + 3  # conv_pre
-        blocks = list(self.resblocks)
+        blocks: list[ResBlock1 | ResBlock2] = list(self.resblocks)  # type: ignore[arg-type]
         for i, up in enumerate(self.ups):
-            u, p, k = up.stride[0], up.padding[0], up.kernel_size[0]
+            assert isinstance(up, Upsample)
+            u, p, k = up.stride[0], _as_int(up.padding), up.kernel_size[0]
             lo, hi = lo * u - p, hi * u - p + k - 1
             stage = blocks[i * self.num_kernels : (i + 1) * self.num_kernels]
             r = max(int(b.radius) for b in stage)

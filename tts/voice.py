@@ -255,7 +255,7 @@ def infer_config(w: Mapping[str, np.ndarray], attrs: Mapping[str, dict[str, Any]
         raise VoiceError(f"not a VITS voice this loader knows (missing {e})") from e
 
 
-def load_state(model: Vits, weights: Mapping[str, np.ndarray], source: str) -> None:
+def load_state(model: Vits, weights: dict[str, np.ndarray], source: str) -> None:
     """Copy every weight into the model; refuse a partial or misshaped load."""
     state = model.state_dict()
     # Piper's export drops parameters that inference never reads; they stay at their init.
@@ -276,8 +276,9 @@ def load_state(model: Vits, weights: Mapping[str, np.ndarray], source: str) -> N
         for k in list(weights):
             state[k].copy_(torch.from_numpy(weights.pop(k)).to(state[k].dtype))
     for module in model.modules():
-        if hasattr(module, "drop_cache"):
-            module.drop_cache()
+        drop = getattr(module, "drop_cache", None)
+        if callable(drop):
+            drop()
     log.debug("%s: loaded %d tensors (%s)", source, sum(count.values()), dict(count))
 
 
