@@ -19,7 +19,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
+
+import numpy as np
 
 SHORT = "Turn on the kitchen lights."
 LONG = ("The weather service says that a band of heavy rain will reach the coast this evening, "
@@ -27,27 +30,35 @@ LONG = ("The weather service says that a band of heavy rain will reach the coast
         "out early tomorrow morning.")
 
 
-def _herald(threads: int):  # type: ignore[no-untyped-def]
-    from tts import SynthesisOptions, VoiceCatalog, set_threads
+Timed = Callable[[str], tuple[float, float, float]]
 
-    set_threads(threads)
-    synth = VoiceCatalog().synthesizer()
-    opts = SynthesisOptions()
+
+def _timed(chunks: Callable[[str], Iterable[np.ndarray]], rate: int) -> Timed:
+    """A run of one text: (seconds to the first chunk, seconds in all, seconds of audio)."""
 
     def once(text: str) -> tuple[float, float, float]:
         t0 = time.perf_counter()
         first = None
         samples = 0
-        for chunk in synth.stream(text, opts):
+        for chunk in chunks(text):
             if first is None:
                 first = time.perf_counter() - t0
-            samples += len(chunk.samples)
-        return first or 0.0, time.perf_counter() - t0, samples / synth.sample_rate
+            samples += len(chunk)
+        return first or 0.0, time.perf_counter() - t0, samples / rate
 
     return once
 
 
-def _piper(threads: int):  # type: ignore[no-untyped-def]
+def _herald(threads: int) -> Timed:
+    from tts import SynthesisOptions, VoiceCatalog, set_threads
+
+    set_threads(threads)
+    synth = VoiceCatalog().synthesizer()
+    opts = SynthesisOptions()
+    return _timed(lambda text: (c.samples for c in synth.stream(text, opts)), synth.sample_rate)
+
+
+def _piper(threads: int) -> Timed:
     import onnxruntime
     from piper import PiperVoice, SynthesisConfig
     from piper.config import PiperConfig
@@ -63,19 +74,8 @@ def _piper(threads: int):  # type: ignore[no-untyped-def]
     voice = PiperVoice(session=session,
                        config=PiperConfig.from_dict(json.loads(info.config_path.read_text())))
     cfg = SynthesisConfig()
-    rate = voice.config.sample_rate
-
-    def once(text: str) -> tuple[float, float, float]:
-        t0 = time.perf_counter()
-        first = None
-        samples = 0
-        for chunk in voice.synthesize(text, cfg):
-            if first is None:
-                first = time.perf_counter() - t0
-            samples += len(chunk.audio_float_array)
-        return first or 0.0, time.perf_counter() - t0, samples / rate
-
-    return once
+    return _timed(lambda text: (c.audio_float_array for c in voice.synthesize(text, cfg)),
+                  voice.config.sample_rate)
 
 
 ENGINES = {"herald": _herald, "piper": _piper}

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,23 +31,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 
 from bench.engine import LONG, SHORT
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_port(port: int, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on port {port}")
+from bench.net import free_port, wait_port
 
 
 class Listener:
@@ -96,7 +79,7 @@ def run(repeats: int, threads: int) -> dict[str, Any]:
     if not shutil.which("mosquitto"):
         raise SystemExit("mosquitto is not installed (scripts/setup --test installs it)")
     work = Path(tempfile.mkdtemp(prefix="herald-bench-"))
-    port = _free_port()
+    port = free_port()
     (work / "mosquitto.conf").write_text(f"user root\nlistener {port} 127.0.0.1\n"
                                          "allow_anonymous true\n")
     alsa = work / "alsa.conf"
@@ -108,7 +91,7 @@ def run(repeats: int, threads: int) -> dict[str, Any]:
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     daemon = None
     try:
-        _wait_port(port)
+        wait_port(port, 15.0)
         daemon = subprocess.Popen(
             [sys.executable, "-m", "daemon.cli", "run", "--set", "mqtt.host=127.0.0.1",
              "--set", f"mqtt.port={port}", "--set", "device_id=bench",
