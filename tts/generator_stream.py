@@ -163,14 +163,34 @@ class _Mean:
         self.held: list[Tensor | None] = [None] * n
 
     def push(self, outs: list[Tensor]) -> Tensor:
-        bufs = [_cat(h, o) for h, o in zip(self.held, outs)]
-        n = min(b.shape[-1] for b in bufs)
-        self.held = [_keep(b, b.shape[-1] - n) for b in bufs]
-        # Same order of additions as Generator.forward, so the sums match it bit for bit.
-        total = bufs[0][..., :n] + bufs[1][..., :n] if len(bufs) > 1 else bufs[0][..., :n].clone()
-        for b in bufs[2:]:
-            total.add_(b[..., :n])
-        return total.div_(len(bufs))
+        held = [0 if h is None else h.shape[-1] for h in self.held]
+        n = min(h + o.shape[-1] for h, o in zip(held, outs))
+        first = outs[0]
+        total = torch.empty((first.shape[0], first.shape[1], 1, n), dtype=first.dtype,
+                            memory_format=torch.channels_last)
+        # Branch by branch in Generator.forward's order (b0, += b1, += b2, /n), so the sums
+        # match it bit for bit; each branch's held samples first, then its new output, with
+        # no joined copy of either.
+        for j, (h, o) in enumerate(zip(self.held, outs)):
+            parts = [] if h is None else [h]
+            parts.append(o)
+            at = 0
+            for part in parts:
+                take = min(part.shape[-1], n - at)
+                if take > 0:
+                    dst = total[..., at : at + take]
+                    if j == 0:
+                        dst.copy_(part[..., :take])
+                    else:
+                        dst.add_(part[..., :take])
+                at += part.shape[-1]
+            rest = held[j] + o.shape[-1] - n  # what stays for the next push
+            if rest <= o.shape[-1]:
+                self.held[j] = _keep(o, rest) if rest else None
+            else:
+                assert h is not None
+                self.held[j] = _keep(_cat(h, o), rest)
+        return total.div_(len(outs))
 
 
 class StreamingGenerator:
