@@ -10,6 +10,8 @@ from pathlib import Path
 
 from tts import SynthesisOptions, VoiceCatalog, VoiceError, set_threads, to_pcm16, wav_bytes
 from tts.audio import AudioFormat
+from tts.compose import Composer
+from tts.text import MarkupError
 
 from . import __version__
 
@@ -39,7 +41,11 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
 
     say = sub.add_parser("say", help="speak one text on the speaker or into a WAV file")
-    say.add_argument("text", help="the text to speak ('-' reads standard input)")
+    say.add_argument("text", help="the text to speak ('-' reads standard input); bracket tags "
+                     "like [pause 300ms], [rate 0.8], [voice NAME] work in it")
+    say.add_argument("--ssml", action="store_true",
+                     help="the text is SSML (<speak>, <break time=\"500ms\"/>, <prosody "
+                     "rate>, <say-as>, ...)")
     say.add_argument("--voice", help="voice name (see `herald voices`)")
     say.add_argument("--speaker", help="speaker name or number of a multi-speaker voice")
     say.add_argument("--out", type=Path, metavar="FILE.wav", help="write a WAV file instead")
@@ -92,16 +98,19 @@ def _cmd_say(args: argparse.Namespace) -> int:
     if args.mqtt:
         from .say_remote import publish_say
 
-        return publish_say(args.mqtt, args.device_id, text, args.voice)
+        return publish_say(args.mqtt, args.device_id, text, args.voice,
+                           text_format="ssml" if args.ssml else "text")
     set_threads(args.threads)
-    catalog = VoiceCatalog(args.voice_dir)
-    synth = catalog.synthesizer(args.voice)
+    # The composer, as the daemon speaks: sentences, bracket tags or SSML, other languages
+    # by their own voice or espeak-ng. It checks the voice and the SSML before any synthesis.
+    composer = Composer(VoiceCatalog(args.voice_dir))
     opts = SynthesisOptions(length_scale=args.length_scale, noise_scale=args.noise_scale,
                             noise_w=args.noise_w, speaker=args.speaker, gain=args.gain)
-    fmt = AudioFormat(synth.sample_rate)
+    chunks = composer.stream(text, "ssml" if args.ssml else "text", opts, args.voice)
+    fmt = AudioFormat(chunks.sample_rate)
     t0 = time.monotonic()
     if args.out:
-        pcm = b"".join(to_pcm16(c.samples) for c in synth.stream(text, opts))
+        pcm = b"".join(to_pcm16(c.samples) for c in chunks)
         args.out.write_bytes(wav_bytes(pcm, fmt))
         secs = len(pcm) / fmt.bytes_per_second
         log.info("wrote %s: %.2f s of audio in %.2f s", args.out, secs, time.monotonic() - t0)
@@ -110,7 +119,7 @@ def _cmd_say(args: argparse.Namespace) -> int:
 
     device = int(args.device) if args.device and args.device.isdigit() else args.device
     with sd.RawOutputStream(samplerate=fmt.rate, channels=1, dtype="int16", device=device) as out:
-        for chunk in synth.stream(text, opts):
+        for chunk in chunks:
             out.write(to_pcm16(chunk.samples))
     return 0
 
@@ -132,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             from .service import run
 
             return run(args.config, args.set + (["log_level=DEBUG"] if args.verbose else []))
-    except VoiceError as e:
+    except (VoiceError, MarkupError) as e:
         print(f"herald: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -2,23 +2,35 @@
 
 A request's text is either known up front (``say``) or arrives piece by piece
 (``say/stream``, an LLM typing): ``TextStream`` turns pieces into complete sentences as soon
-as each one ends, so synthesis can start before the rest has arrived.
+as each one ends, so synthesis can start before the rest has arrived. Either way the text is
+plain text with bracket tags or, with ``format: "ssml"``, SSML (``Request.text_format``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
 import secrets
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from tts import SynthesisOptions, VoiceError
+from tts import AudioChunk, SynthesisOptions, VoiceError
+from tts.compose import DEFAULT_PARAGRAPH_PAUSE
+from tts.text import (
+    DEFAULT_MAX_CHARS,
+    MarkupError,
+    Sentence,
+    SentenceBuffer,
+    TagParser,
+    TextFormat,
+    parse_ssml,
+)
 
 from .metrics import Timeline
 from .topics import TopicError, check_request_id
@@ -42,52 +54,126 @@ def new_id() -> str:
 
 # --------------------------------------------------------------------------- text streams
 
-# A sentence ends at . ! ? (or a run of them, optionally closed by a quote or bracket)
-# followed by white space. The white space must have arrived: a piece ending in "3." may
-# continue as "3.5".
-_SENTENCE_END = re.compile(r"[.!?…]+[\"'”’)\]]*\s+")
+
+@dataclass(frozen=True)
+class Passage:
+    """Text for one ``engine.stream`` call: whole sentences of a request.
+
+    A streamed text is spoken passage by passage, and the engine adds no pause after the
+    last sentence of a call, so the caller says ``pause_after`` between passages (only when
+    another passage follows): the same pauses as the text spoken whole.
+    """
+
+    text: str
+    paragraph_end: bool = False  # its last sentence ends a paragraph (a blank line follows)
+    terminated: bool = True  # its last sentence ends with sentence punctuation
+
+    def pause_after(self, sentence_silence: float) -> float:
+        if self.paragraph_end:
+            return DEFAULT_PARAGRAPH_PAUSE
+        return sentence_silence if self.terminated else 0.0
+
+    @staticmethod
+    def join(passages: list[Passage]) -> Passage:
+        """Several passages as one call, keeping where sentences and paragraphs end (the
+        engine splits the joined text into the same sentences again)."""
+        parts = []
+        for p in passages[:-1]:
+            parts += [p.text, "\n\n" if p.paragraph_end else " " if p.terminated else "\n"]
+        last = passages[-1]
+        return Passage("".join(parts) + last.text, last.paragraph_end, last.terminated)
+
+
+def pause_chunk(seconds: float, rate: int) -> AudioChunk:
+    """Silence between passages, as the engine makes it between sentences: zero samples."""
+    return AudioChunk(np.zeros(max(0, round(seconds * rate)), np.float32), 0, False)
 
 
 class TextStream:
-    """Pieces of text in, complete sentences out (an async iterator), in order."""
+    """Pieces of text in, passages to synthesize out (an async iterator), in order.
 
-    def __init__(self) -> None:
-        self._pending = ""
-        self._sentences: asyncio.Queue[str | None] = asyncio.Queue()
-        self._error: Exception | None = None
+    Sentences are found by ``tts.text.SentenceBuffer``, the splitter the engine uses on a
+    whole text, so a streamed text is spoken in the same sentences as the same text sent in
+    one piece ("Dr. Smith" stays together, "3." waits to see whether "5" follows). Each
+    sentence is released as soon as what follows proves it complete.
+
+    Bracket tags work inside any sentence; the ones that last (``[rate 0.8]``, ``[voice
+    NAME]``, ``【慢速】``) also carry over to the sentences after them, as in a whole text:
+    every passage starts with the tags in force where it begins. SSML can only be parsed
+    whole, so an SSML stream is one passage, released when the stream ends.
+    """
+
+    def __init__(self, text_format: TextFormat = "text",
+                 max_chars: int = DEFAULT_MAX_CHARS) -> None:
+        self.text_format = text_format
         self.closed = False
         self.total_chars = 0
+        self._buffer = SentenceBuffer(max_chars)
+        self._tags = TagParser()  # the rate and voice in force after the sentences so far
+        self._ssml: list[str] = []
+        self._ready: deque[tuple[str, Passage]] = deque()  # (tags in force, sentence)
+        self._wake = asyncio.Event()
+        self._error: Exception | None = None
 
     def feed(self, piece: str, final: bool = False) -> None:
         if self.closed:
             raise RequestError("this stream has already ended")
         self.total_chars += len(piece)
-        self._pending += piece
-        while m := _SENTENCE_END.search(self._pending):
-            self._emit(self._pending[: m.end()])
-            self._pending = self._pending[m.end():]
+        if self.text_format == "ssml":
+            self._ssml.append(piece)
+            if final and "".join(self._ssml).strip():
+                self._ready.append(("", Passage("".join(self._ssml))))
+        else:
+            for sentence in self._buffer.feed(piece) + (self._buffer.flush() if final else []):
+                self._add(sentence)
         if final:
-            self._emit(self._pending)
-            self._pending = ""
             self.closed = True
-            self._sentences.put_nowait(None)
+        self._wake.set()
 
     def fail(self, error: Exception) -> None:
         """End the stream with an error; whoever is reading gets it after the sentences so far."""
         if not self.closed:
             self.closed = True
             self._error = error
-            self._sentences.put_nowait(None)
+            self._wake.set()
 
-    def _emit(self, text: str) -> None:
-        if text.strip():
-            self._sentences.put_nowait(text.strip())
+    def _add(self, sentence: Sentence) -> None:
+        tags = "".join(filter(None, (
+            f"[voice {self._tags.voice}]" if self._tags.voice else "",
+            f"[rate {self._tags.rate:g}]" if self._tags.rate != 1.0 else "")))
+        self._tags.parse(sentence.text)  # only to follow [rate] and [voice]; the engine warns
+        self._ready.append((tags, Passage(sentence.text, sentence.paragraph_end,
+                                          sentence.terminated)))
+
+    async def _take(self) -> list[tuple[str, Passage]] | None:
+        """Everything released so far (waiting for something); None at the end."""
+        while not self._ready:
+            if self.closed:
+                if self._error is not None:
+                    error, self._error = self._error, None
+                    raise error
+                return None
+            self._wake.clear()
+            await self._wake.wait()
+        taken = list(self._ready)
+        self._ready.clear()
+        return taken
+
+    async def passages(self, join: bool = False) -> AsyncIterator[Passage]:
+        """Sentence by sentence; with ``join``, all sentences complete at the time in one
+        passage (fewer engine calls when the text arrives faster than it is spoken)."""
+        while (taken := await self._take()) is not None:
+            groups = [taken] if join else [[item] for item in taken]
+            for group in groups:
+                tags = group[0][0]
+                joined = Passage.join([p for _, p in group])
+                yield replace(joined, text=f"{tags} {joined.text}" if tags else joined.text)
 
     async def sentences(self) -> AsyncIterator[str]:
-        while (sentence := await self._sentences.get()) is not None:
-            yield sentence
-        if self._error is not None:
-            raise self._error
+        """The sentences' texts as they complete (no tags carried over)."""
+        while (taken := await self._take()) is not None:
+            for _, passage in taken:
+                yield passage.text
 
 
 # --------------------------------------------------------------------------- the request
@@ -111,6 +197,7 @@ class Request:
     noise_scale: float | None = None
     noise_w: float | None = None
     stream: TextStream | None = None
+    text_format: TextFormat = "text"  # "ssml": the text (or the streamed text) is SSML
 
     def options(self, base: SynthesisOptions) -> SynthesisOptions:
         """This request's synthesis options on top of the configured defaults."""
@@ -124,13 +211,17 @@ class Request:
             sentence_silence=base.sentence_silence,
         )
 
-    async def segments(self) -> AsyncIterator[str]:
-        """The text in the pieces synthesis should run on: all of it, or sentence by sentence."""
+    async def passages(self) -> AsyncIterator[Passage]:
+        """The text in the pieces synthesis should run on: all of it, or sentence by sentence.
+
+        One engine call per streamed sentence, not several joined, so that the audio of a
+        sentence never depends on how fast the text arrived (a fixed ``seed`` gives the same
+        samples every time)."""
         if self.stream is None:
-            yield self.text
+            yield Passage(self.text)
             return
-        async for sentence in self.stream.sentences():
-            yield sentence
+        async for passage in self.stream.passages():
+            yield passage
 
 
 # --------------------------------------------------------------------------- MQTT payloads
@@ -154,6 +245,7 @@ class _Fields(BaseModel):
     seed: int | None = None
     noise_scale: float | None = Field(None, ge=0, le=2)
     noise_w: float | None = Field(None, ge=0, le=2)
+    format: TextFormat = "text"
 
     @field_validator("sinks")
     @classmethod
@@ -241,15 +333,27 @@ def _build(f: _Fields, limits: Limits, front: str, timeline: Timeline | None,
         voice = limits.resolve_voice(f.voice)
     except VoiceError as e:
         raise RequestError(str(e), rid) from None
+    if f.format == "ssml" and stream is None:
+        check_ssml(f.text, rid)
     req = Request(text=f.text, voice=voice, speaker=f.speaker, rate=f.rate,
                   volume=1.0 if f.volume is None else f.volume, mode=f.mode,
                   priority=f.priority,
                   sinks=tuple(dict.fromkeys(f.sinks)) if f.sinks else limits.default_sinks,
                   ts=f.ts, front=front, timeline=timeline or Timeline(), seed=f.seed,
-                  noise_scale=f.noise_scale, noise_w=f.noise_w, stream=stream)
+                  noise_scale=f.noise_scale, noise_w=f.noise_w, stream=stream,
+                  text_format=f.format)
     if rid is not None:
         req.id = rid
     return req
+
+
+def check_ssml(text: str, request_id: str | None = None) -> None:
+    """Refuse malformed SSML before anything is queued (the engine would refuse it too, but
+    only once the request's turn came, after ``queued`` and ``started``)."""
+    try:
+        parse_ssml(text)
+    except MarkupError as e:
+        raise RequestError(str(e), request_id) from None
 
 
 def parse_say(payload: bytes, limits: Limits, front: str = "mqtt",
@@ -296,6 +400,7 @@ def parse_stream_piece(payload: bytes) -> StreamPiece:
 def stream_request(piece: StreamPiece, limits: Limits, front: str = "mqtt",
                    timeline: Timeline | None = None) -> Request:
     """The request a stream's first piece opens; its text arrives through ``req.stream``."""
-    req = _build(piece.fields, limits, front, timeline, stream=TextStream())
+    stream = TextStream(piece.fields.format)
+    req = _build(piece.fields, limits, front, timeline, stream=stream)
     req.text = ""  # grows as pieces arrive (the front feeds the stream in order)
     return req

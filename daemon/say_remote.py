@@ -34,7 +34,7 @@ def split_host_port(value: str, default_port: int = 1883) -> tuple[str, int]:
 
 
 def publish_say(host_port: str, device_id: str | None, text: str, voice: str | None,
-                timeout: float | None = None) -> int:
+                timeout: float | None = None, text_format: str = "text") -> int:
     """0 when the daemon finished speaking; 1 on error/stop/timeout; 2 when unreachable."""
     try:
         host, port = split_host_port(host_port)
@@ -85,6 +85,8 @@ def publish_say(host_port: str, device_id: str | None, text: str, voice: str | N
         payload: dict[str, Any] = {"id": rid, "text": text, "ts": time.time()}
         if voice:
             payload["voice"] = voice
+        if text_format != "text":
+            payload["format"] = text_format
         client.publish(f"{base}/say", json.dumps(payload), qos=1)
         deadline = time.monotonic() + ANSWER_TIMEOUT
         answered = False

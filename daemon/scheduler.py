@@ -27,7 +27,7 @@ from tts import AudioChunk, AudioFormat, SynthesisOptions, to_pcm16
 
 from .engine import Engine
 from .metrics import LatencyRecord, Metrics
-from .request import Request, RequestError
+from .request import Request, RequestError, pause_chunk
 from .settings import SchedulerSettings
 from .sinks.speaker import SpeakerSink, SpeakerUnavailable
 
@@ -306,21 +306,30 @@ class Scheduler:
         req, buffer = utt.req, utt.buffer
         assert buffer is not None
         opts = req.options(self.synthesis)
+        rate = self.engine.audio_format(req.voice).rate
+        owed = 0.0  # the pause after the last passage: said only if another one follows
         error: BaseException | None = None
         try:
-            segments = req.segments().__aiter__()
+            passages = req.passages().__aiter__()
             while True:
                 utt.waiting_text = req.stream is not None
                 try:
-                    segment = await anext(segments)
+                    passage = await anext(passages)
                 except StopAsyncIteration:
                     break
                 finally:
                     utt.waiting_text = False
                     self._progress()
-                async for chunk in self.engine.stream(segment, req.voice, opts):
+                said = False
+                async for chunk in self.engine.stream(passage.text, req.voice, opts,
+                                                      req.text_format):
+                    if not said and owed > 0:
+                        await buffer.put(pause_chunk(owed, rate))
+                    said = True
                     self._progress()
                     await buffer.put(chunk)
+                if said:
+                    owed = passage.pause_after(opts.sentence_silence)
         except asyncio.CancelledError:
             buffer.abort()
             raise

@@ -41,6 +41,31 @@ def test_say_rate_changes_length(tmp_path: Path) -> None:
     assert lengths[1] > 1.4 * lengths[0]
 
 
+def test_say_ssml_and_bracket_tags(tmp_path: Path) -> None:
+    """--ssml reads SSML; plain text takes bracket tags: the same 500 ms pause either way."""
+    texts = {"plain": ["Wait here."], "tag": ["Wait [pause 500ms] here."],
+             "ssml": ['<speak>Wait <break time="500ms"/> here.</speak>', "--ssml"]}
+    audio = {}
+    for name, args in texts.items():
+        out = tmp_path / f"{name}.wav"
+        r = run("say", *args, "--out", str(out), "--noise-scale", "0", "--noise-w", "0")
+        assert r.returncode == 0, r.stderr
+        with wave.open(str(out)) as w:
+            audio[name] = np.frombuffer(w.readframes(w.getnframes()), "<i2")
+    assert_speech(audio["ssml"] / 32767.0, 22050, min_seconds=1.0)
+    assert len(audio["ssml"]) - len(audio["plain"]) >= 0.45 * 22050
+    tag, ssml = audio["tag"].astype(np.int32), audio["ssml"].astype(np.int32)
+    assert len(tag) == len(ssml) and np.abs(tag - ssml).max() <= 2
+
+
+def test_malformed_ssml_is_one_clear_line(tmp_path: Path) -> None:
+    out = tmp_path / "x.wav"
+    r = run("say", "<speak>Hi <break></speak>", "--ssml", "--out", str(out))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "malformed SSML at line 1, column 20" in r.stderr
+    assert not out.exists()
+
+
 def test_say_to_the_sound_device(alsa_file) -> None:  # type: ignore[no-untyped-def]
     r = run("say", "Hello from herald.", env=alsa_file.env)
     assert r.returncode == 0, r.stderr
@@ -70,6 +95,6 @@ def test_errors_are_one_clear_line(tmp_path: Path) -> None:
 def test_help_is_complete() -> None:
     r = run("say", "--help")
     for flag in ("--voice", "--speaker", "--out", "--length-scale", "--noise-scale", "--noise-w",
-                 "--gain", "--device", "--mqtt"):
+                 "--gain", "--device", "--mqtt", "--ssml"):
         assert flag in r.stdout
     assert np.all([c in run("--help").stdout for c in ("run", "say", "voices", "bench")])

@@ -223,6 +223,33 @@ async def test_batch_returns_a_zip_of_named_wavs(start) -> None:  # type: ignore
     assert [rec.outcome for rec in records] == ["ok"] * 4
 
 
+async def test_ssml_breaks_on_every_endpoint(start) -> None:  # type: ignore[no-untyped-def]
+    """format=ssml in JSON, in a form and in a batch item: the break is heard (in samples)."""
+    srv = await start()
+    plain, ssml = "Wait here.", '<speak>Wait <break time="500ms"/> here.</speak>'
+    async with srv.session.post(f"{srv.url}/tts", json={"text": plain, "seed": SEED}) as r:
+        assert r.status == 200, await r.text()
+        base, rate = wav_samples(await r.read())
+    async with srv.session.post(f"{srv.url}/tts", json={"text": ssml, "format": "ssml",
+                                                        "seed": SEED}) as r:
+        assert r.status == 200, await r.text()
+        whole, _ = wav_samples(await r.read())
+    async with srv.session.post(f"{srv.url}/tts/stream", data={"text": ssml, "format": "ssml",
+                                                               "seed": str(SEED)}) as r:
+        assert r.status == 200, await r.text()
+        body = await r.read()
+    streamed = pcm16(body[44:])  # after the streaming WAV header
+    async with srv.session.post(f"{srv.url}/tts/batch", json=[
+            {"text": ssml, "format": "ssml", "seed": SEED, "filename": "b"}]) as r:
+        assert r.status == 200, await r.text()
+        with zipfile.ZipFile(io.BytesIO(await r.read())) as z:
+            batched, _ = wav_samples(z.read("b.wav"))
+    assert_speech(whole, rate, min_seconds=1.0)
+    assert len(whole) - len(base) >= 0.4 * rate  # the 500 ms break
+    np.testing.assert_array_equal(streamed, whole)  # same seed, same audio
+    np.testing.assert_array_equal(batched, whole)
+
+
 def test_batch_filenames_are_safe_and_unique() -> None:
     taken: set[str] = set()
     names = [_unique_filename(raw, i, taken) for i, raw in enumerate(
@@ -350,6 +377,16 @@ BAD_REQUESTS = [
     ("batch item bad", "/tts/batch", {"json": [{"text": "hi"}, {"text": ""}]}, 400,
      "item 1: 'text' is empty"),
     ("batch empty", "/tts/batch", {"json": []}, 400, "empty"),
+    ("malformed ssml", "/tts", {"json": {"text": "<speak>hi <break></speak>",
+                                         "format": "ssml"}}, 400, "malformed SSML at line 1"),
+    ("malformed ssml in a form", "/tts/stream", {"data": {"text": "<speak>hi",
+                                                          "format": "ssml"}}, 400,
+     "malformed SSML"),
+    ("malformed ssml in a batch", "/tts/batch", {"json": [
+        {"text": "hi"}, {"text": "<s>hi</p>", "format": "ssml"}]}, 400,
+     "item 1: malformed SSML"),
+    ("unknown format", "/tts", {"json": {"text": "hi", "format": "markdown"}}, 400,
+     "'format' must be one of text, ssml"),
     ("body too large", "/tts", {"json": {"text": "x" * 5000}}, 413, "http.max_body_bytes"),
     ("unsupported type", "/tts", {"data": b"<x/>", "headers": {
         "Content-Type": "application/xml"}}, 415, "application/json"),

@@ -278,6 +278,19 @@ def test_say_payload_errors(limits: Limits, payload: bytes, message: str) -> Non
         parse_say(payload, limits)
 
 
+def test_say_payload_ssml(limits: Limits) -> None:
+    ssml = parse_say(json.dumps({"text": "<speak>Hi <break time='1s'/> there.</speak>",
+                                 "format": "ssml"}).encode(), limits)
+    assert ssml.text_format == "ssml"
+    assert parse_say(b'{"text": "<b>hi</b>"}', limits).text_format == "text"
+    with pytest.raises(RequestError, match="malformed SSML at line 1, column 20") as e:
+        parse_say(b'{"text": "<speak>Hi <break></speak>", "format": "ssml", "id": "m1"}',
+                  limits)
+    assert e.value.id == "m1"
+    with pytest.raises(RequestError, match="format: Input should be 'text' or 'ssml'"):
+        parse_say(b'{"text": "hi", "format": "html"}', limits)
+
+
 def test_stream_piece_payload() -> None:
     p = parse_stream_piece(b'{"id": "s1", "seq": 2, "text": "more ", "final": true}')
     assert (p.id, p.seq, p.text, p.final) == ("s1", 2, "more ", True)
@@ -369,6 +382,56 @@ def test_say_stream_reorders_pieces_and_refuses_a_bad_stream_whole(client: Clien
     errors = client.events("rf")
     assert [e["event"] for e in errors] == ["error", "error"]
     assert "unknown voice" in errors[0]["error"] and "already ended" in errors[1]["error"]
+
+
+# --------------------------------------------------------------------------- text and markup
+
+QUIET = {"sinks": ["mqtt"], "noise_scale": 0, "noise_w": 0}  # deterministic audio
+
+
+def test_ssml_say_and_malformed_ssml(client: Client, synth: Any) -> None:
+    client.say(id="ssml-bad", text="<speak>Hi <break></speak>", format="ssml", **QUIET)
+    err = client.wait_event("ssml-bad", ("error", "queued"))
+    assert err["event"] == "error" and "malformed SSML at line 1" in err["error"]
+    client.say(id="ssml-plain", text="Wait here.", **QUIET)
+    client.say(id="ssml-break", text='<speak>Wait <break time="500ms"/> here.</speak>',
+               format="ssml", **QUIET)
+    assert client.wait_event("ssml-break")["event"] == "finished"  # still serving
+    assert [e["event"] for e in client.events("ssml-bad")] == ["error"]  # nothing spoken
+    plain, marked = (pcm16(client.audio(rid)[1]) for rid in ("ssml-plain", "ssml-break"))
+    assert_speech(marked, synth.sample_rate, min_seconds=1.0)
+    assert len(marked) - len(plain) >= 0.45 * synth.sample_rate  # the break, in samples
+
+
+def test_mixed_chinese_and_english_sentence(client: Client, synth: Any) -> None:
+    """The Chinese run is spoken by espeak-ng's Mandarin, the rest by the English voice,
+    in one stream at the English voice's rate."""
+    english = "This is a real-time TTS demo."
+    client.say(id="mix", text=f"你好，欢迎试用 herald！{english}", **QUIET)
+    client.say(id="mix-en", text=english, **QUIET)
+    assert client.wait_event("mix-en")["event"] == "finished"
+    assert client.wait_event("mix")["event"] == "finished"
+    (start, mixed, _), (_, alone, _) = client.audio("mix"), client.audio("mix-en")
+    assert start["rate"] == synth.sample_rate
+    assert_speech(pcm16(mixed), synth.sample_rate, min_seconds=2.5)
+    assert len(mixed) - len(alone) >= 1.0 * synth.sample_rate * 2  # a second more, in bytes
+
+
+def test_say_stream_splits_like_the_whole_text(client: Client) -> None:
+    """Split mid-sentence right after "Dr.": the stream speaks the same sentences as the
+    whole text, and a [rate] set in one sentence carries over to the next."""
+    text = "Dr. Smith arrived [rate 0.7] late. Then we ate."
+    client.say(id="abbr-whole", text=text, **QUIET)
+    pieces = ["Dr.", " Smith arrived [rate 0.7] la", "te. Then", " we ate."]
+    for seq, piece in enumerate(pieces):
+        client.publish("say/stream", json.dumps({
+            "id": "abbr-stream", "seq": seq, "text": piece, "final": seq == len(pieces) - 1,
+            **QUIET}))
+    assert client.wait_event("abbr-stream")["event"] == "finished"
+    assert client.wait_event("abbr-whole")["event"] == "finished"
+    _, whole, _ = client.audio("abbr-whole")
+    _, streamed, _ = client.audio("abbr-stream")
+    assert_pcm_equal(streamed, np.frombuffer(whole, dtype="<i2"))
 
 
 # --------------------------------------------------------------------------- queue control

@@ -25,7 +25,7 @@ from daemon.request import Request, RequestError, TextStream
 from daemon.scheduler import AudioBuffer, Scheduler
 from daemon.settings import SchedulerSettings
 from daemon.sinks.speaker import PlaybackStats
-from tts import AudioChunk, AudioFormat
+from tts import AudioChunk, AudioFormat, SynthesisOptions
 
 
 @dataclass
@@ -100,10 +100,10 @@ class Rig:
 
 
 def rig(engine: Engine, parallel: int = 2, speaker: PacedSpeaker | None = None,
-        max_queue: int = 100) -> Rig:
+        max_queue: int = 100, synthesis: SynthesisOptions = SynthesisOptions()) -> Rig:
     metrics = Metrics()
     s = Scheduler(engine, metrics, SchedulerSettings(parallel=parallel, max_queue=max_queue),
-                  speaker=speaker)  # type: ignore[arg-type]
+                  synthesis, speaker=speaker)  # type: ignore[arg-type]
     recorder = Recorder()
     s.register_sink(recorder)
     events: list[tuple[str, str]] = []
@@ -238,6 +238,39 @@ async def test_streamed_text_is_one_utterance(engine: Engine) -> None:
     assert_speech(pcm16(bytes(r.recorder.streams["st"].pcm)), 22050, min_seconds=1.0)
 
 
+async def test_ssml_reaches_the_engine(engine: Engine) -> None:
+    r = rig(engine)
+    quiet = {"noise_scale": 0.0, "noise_w": 0.0}
+    plain = r.scheduler.submit(req("plain", "Wait here.", **quiet))
+    ssml = r.scheduler.submit(req("ssml", '<speak>Wait <break time="500ms"/> here.</speak>',
+                                  text_format="ssml", **quiet))
+    assert await asyncio.wait_for(asyncio.gather(plain, ssml), 60) == ["finished", "finished"]
+    a, b = (pcm16(bytes(r.recorder.streams[rid].pcm)) for rid in ("plain", "ssml"))
+    assert_speech(b, 22050, min_seconds=1.0)
+    assert len(b) - len(a) >= 0.45 * 22050  # the break, in samples
+
+
+async def test_streamed_text_sounds_like_the_whole_text(engine: Engine) -> None:
+    """Sentence by sentence, with the pauses between sentences and paragraphs and a [rate]
+    that carries over, the streamed audio equals the audio of the text sent whole."""
+    r = rig(engine, synthesis=SynthesisOptions(sentence_silence=0.2))
+    text = "[rate 0.6] One two three. Four five six.\n\nSeven [pause 300ms] eight."
+    quiet = {"noise_scale": 0.0, "noise_w": 0.0}
+    whole = r.scheduler.submit(req("whole", text, **quiet))
+    streamed = req("streamed", "", **quiet)
+    streamed.stream = TextStream()
+    done = r.scheduler.submit(streamed)
+    for piece in (text[:20], text[20:45], text[45:]):
+        streamed.stream.feed(piece)
+    streamed.stream.feed("", final=True)
+    assert await asyncio.wait_for(asyncio.gather(whole, done), 60) == ["finished", "finished"]
+    a, b = (np.frombuffer(r.recorder.streams[rid].pcm, "<i2").astype(np.int32)
+            for rid in ("whole", "streamed"))
+    assert_speech(a / 32767.0, 22050, min_seconds=2.0)
+    assert len(a) == len(b)
+    assert np.abs(a - b).max() <= 2
+
+
 # --------------------------------------------------------------------------- pieces
 
 
@@ -250,6 +283,33 @@ def test_text_stream_splits_sentences_across_pieces() -> None:
         return [x async for x in s.sentences()]
 
     assert asyncio.run(run()) == ["Hello world.", "How are you?", "Pi is 3.14 today!", "End"]
+
+
+def test_text_stream_splits_like_the_whole_text_and_carries_tags() -> None:
+    """The engine's splitter: "Dr." waits for what follows; [rate]/[voice] carry over."""
+    async def run(join: bool) -> list[str]:
+        s = TextStream()
+        for piece in ["Dr.", " Smith arrived [rate 0.8] late. The", "n we ate. 你好。",
+                      "[voice default]Bye!"]:
+            s.feed(piece)
+        s.feed("", final=True)
+        return [p.text async for p in s.passages(join)]
+
+    assert asyncio.run(run(False)) == [
+        "Dr. Smith arrived [rate 0.8] late.", "[rate 0.8] Then we ate.", "[rate 0.8] 你好。",
+        "[rate 0.8] [voice default]Bye!"]
+    assert asyncio.run(run(True)) == ["Dr. Smith arrived [rate 0.8] late. Then we ate. 你好。 "
+                                      "[voice default]Bye!"]
+
+
+def test_an_ssml_stream_is_one_passage_at_the_end() -> None:
+    async def run() -> list[str]:
+        s = TextStream("ssml")
+        s.feed("<speak>One. <break time='1s'/>")
+        s.feed("Two.</speak>", final=True)
+        return [p.text async for p in s.passages()]
+
+    assert asyncio.run(run()) == ["<speak>One. <break time='1s'/>Two.</speak>"]
 
 
 def test_text_stream_failure_comes_after_the_sentences() -> None:

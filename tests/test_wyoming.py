@@ -39,8 +39,9 @@ from wyoming.tts import (
 
 from daemon.context import Context
 from daemon.engine import Engine, EngineSettings
-from daemon.fronts.wyoming import SentenceBuffer, WyomingFront, WyomingSettings
+from daemon.fronts.wyoming import WyomingFront, WyomingSettings
 from daemon.metrics import LatencyRecord, Metrics
+from daemon.request import TextStream
 from tts import SynthesisOptions, to_pcm16
 
 QUIET = SynthesisOptions(noise_scale=0.0, noise_w=0.0)  # deterministic: comparable audio
@@ -265,16 +266,79 @@ async def test_streamed_text_is_spoken_as_sentences_complete(start_server, synth
         len(reply.samples) / synth.sample_rate * 1000, 0.01)
 
 
-def test_sentence_buffer_waits_for_the_space_after_a_sentence_end():
-    buffer = SentenceBuffer()
-    assert buffer.add("It costs 3.") == []  # "3." may be "3.5"
-    assert buffer.add("5 euros! Re") == ["It costs 3.5 euros!"]
-    assert buffer.add("ally?\"") == []
-    assert buffer.add(" he said. 好的。谢谢！") == ["Really?\"", "he said.", "好的。", "谢谢！"]
-    assert buffer.add("no end") == []
-    assert buffer.finish() == "no end" and buffer.finish() == ""
-    long = SentenceBuffer(max_chars=20)
-    assert long.add("one two three four five six") == ["one two three four"]
+async def test_streamed_text_waits_for_what_follows_a_sentence_end():
+    """The splitter a Wyoming stream uses (the engine's own): a sentence is released only
+    once what follows proves it complete."""
+    stream = TextStream()
+    got: list[str] = []
+
+    async def consume() -> None:
+        async for sentence in stream.sentences():
+            got.append(sentence)
+
+    consumer = asyncio.create_task(consume())
+
+    async def released() -> list[str]:
+        for _ in range(5):  # let the consumer take whatever is ready
+            await asyncio.sleep(0)
+        out = got[:]
+        got.clear()
+        return out
+
+    stream.feed("It costs 3.")
+    assert await released() == []  # "3." may be "3.5"
+    stream.feed("5 euros! Re")
+    assert await released() == ["It costs 3.5 euros!"]
+    stream.feed("ally?\"")
+    assert await released() == []
+    stream.feed(" he said. Dr.")  # a lower-case word after ?" continues the sentence
+    assert await released() == ["Really?\" he said."]
+    stream.feed(" Smith came. 好的。谢谢！")  # "Dr." never ends a sentence
+    assert await released() == ["Dr. Smith came.", "好的。"]
+    stream.feed("no end")
+    assert await released() == ["谢谢！"]
+    stream.feed("", final=True)
+    assert await released() == ["no end"]
+    await asyncio.wait_for(consumer, GUARD)  # the stream ended
+    long = TextStream(max_chars=20)
+    long.feed("one two three four five six")
+    assert await anext(long.sentences()) == "one two three four"
+
+
+async def test_ssml_break_in_synthesize_and_in_a_stream(start_server, synth):
+    server = await start_server()
+    ssml = '<speak>Wait <break time="500ms"/> here.</speak>'
+    async with server.client() as client:
+        await client.write_event(Synthesize("Wait here.").event())
+        plain = await read_until(client, "audio-stop")
+        await client.write_event(Synthesize(ssml, text_format="ssml").event())
+        marked = await read_until(client, "audio-stop")
+        await client.write_event(SynthesizeStart(text_format="ssml").event())
+        for piece in (ssml[:12], ssml[12:30], ssml[30:]):
+            await client.write_event(SynthesizeChunk(piece).event())
+        await client.write_event(SynthesizeStop().event())
+        streamed = await read_until(client, "synthesize-stopped")
+    assert_speech(marked.samples, synth.sample_rate, min_seconds=1.0)
+    assert len(marked.samples) - len(plain.samples) >= 0.45 * synth.sample_rate  # the break
+    assert_same_audio(streamed.audio, marked.audio)  # spoken whole once it was complete
+    assert [r.outcome for r in server.records] == ["ok"] * 3
+
+
+async def test_tags_carry_over_between_streamed_sentences(start_server, synth):
+    server = await start_server()
+    text = "[rate 0.6] One two three. [pause 400ms] Four five six."
+    async with server.client() as client:
+        await client.write_event(Synthesize(text).event())
+        whole = await read_until(client, "audio-stop")
+        cut = text.index("[pause")
+        await client.write_event(SynthesizeStart().event())
+        await client.write_event(SynthesizeChunk(text[:cut + 1]).event())  # "... three. ["
+        first = await read_until(client, "audio-chunk")  # the first sentence, on its own
+        await client.write_event(SynthesizeChunk(text[cut + 1:]).event())
+        await client.write_event(SynthesizeStop().event())
+        rest = await read_until(client, "synthesize-stopped")
+    assert_speech(whole.samples, synth.sample_rate, min_seconds=2.0)
+    assert_same_audio(first.audio + rest.audio, whole.audio)
 
 
 # --- many clients -----------------------------------------------------------------------------
@@ -382,8 +446,14 @@ ERROR_CASES: dict[str, tuple[list[Event | bytes], str]] = {
     "empty stream": ([SynthesizeStart().event(), SynthesizeChunk(" ").event(),
                       SynthesizeStop().event()], "empty-text"),
     "text too long": ([Synthesize("word " * 50).event()], "text-too-long"),
-    "ssml": ([Synthesize("<speak>hi</speak>", text_format="ssml").event()],
-             "text-format-not-supported"),
+    "unknown text format": ([Synthesize("# hi", text_format="markdown").event()],
+                            "text-format-not-supported"),
+    "malformed ssml": ([Synthesize("<speak>hi <break></speak>", text_format="ssml").event()],
+                       "bad-markup"),
+    "malformed ssml in a stream": ([SynthesizeStart(text_format="ssml").event(),
+                                    SynthesizeChunk("<speak>Hello").event(),
+                                    SynthesizeChunk(" there.").event(),
+                                    SynthesizeStop().event()], "bad-markup"),
     "synthesize without text": ([header("synthesize", {"voice": {"name": "x"}})], "bad-request"),
     "text that is not a string": ([header("synthesize", {"text": 42})], "bad-request"),
     "not JSON": ([raw("this is not a Wyoming event")], "malformed-event"),

@@ -4,7 +4,8 @@ Audio leaves as the engine makes it: ``/tts/stream`` sends the WAV header at onc
 each chunk's PCM, so ``curl -N ... | aplay`` starts speaking while the rest of the text is
 still being synthesized. Everything a request can get wrong (token, size, fields, voice,
 speaker, nothing to say) is found before the status line goes out, because once audio has
-started the status can no longer say what went wrong.
+started the status can no longer say what went wrong. That includes malformed SSML
+(``format: "ssml"``): it is parsed before synthesis and refused with 400, line and column.
 
 There is no queue here: a request beyond ``max_concurrent`` is refused with 429 and a
 ``Retry-After`` rather than left waiting on a socket, so a burst cannot pile up unbounded
@@ -23,7 +24,7 @@ import time
 import uuid
 import zipfile
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, cast
 from urllib.parse import parse_qsl
@@ -34,6 +35,7 @@ from pydantic import BaseModel, Field, SecretStr
 
 from tts import AudioChunk, SynthesisOptions, UnknownVoice, VoiceError, to_pcm16, wav_bytes
 from tts.audio import AudioFormat, wav_stream_header
+from tts.text import MarkupError, TextFormat, parse_ssml
 
 from ..context import Context
 from ..metrics import LatencyRecord, Timeline
@@ -47,7 +49,8 @@ OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "cedar", "coral", "echo", "
                            "nova", "onyx", "sage", "shimmer", "verse"})
 OPENAI_FORMATS = ("wav", "pcm")
 RATE_RANGE = (0.25, 4.0)  # length_scale for `rate`, 1/x for OpenAI's `speed`
-SPEECH_FIELDS = frozenset({"text", "voice", "speaker", "rate", "seed", "stream"})
+SPEECH_FIELDS = frozenset({"text", "voice", "speaker", "rate", "seed", "stream", "format"})
+TEXT_FORMATS = ("text", "ssml")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -101,6 +104,7 @@ class Speech:
     options: SynthesisOptions
     stream: bool = False
     filename: str = ""
+    text_format: TextFormat = "text"
 
 
 @dataclass
@@ -277,12 +281,14 @@ class HttpFront:
             raise ApiError(400, f"{where}unknown field {unknown[0]!r}; known fields: "
                            f"{', '.join(sorted(known))}")
         text = self._text(fields, "text", where)
+        text_format = _text_format(fields, text, where)
         rate = _number(fields, "rate", *RATE_RANGE, where=where)
         seed = _number(fields, "seed", 0, 2**63 - 1, where=where, integer=True)
         options = SynthesisOptions(length_scale=rate, speaker=_speaker(fields, where),
                                    seed=None if seed is None else int(seed))
         voice = await self._voice(_string(fields, "voice", where), options.speaker)
-        return Speech(text, voice, options, stream=_bool(fields, "stream", where))
+        return Speech(text, voice, options, stream=_bool(fields, "stream", where),
+                      text_format=text_format)
 
     def _text(self, fields: Mapping[str, Any], key: str, where: str = "") -> str:
         value = fields.get(key)
@@ -413,7 +419,7 @@ class HttpFront:
                                f"not {_kind(item)}")
             speech = await self._speech(item, where, SPEECH_FIELDS | {"filename"})
             name = _unique_filename(_string(item, "filename", where), i, taken)
-            out.append(Speech(speech.text, speech.voice, speech.options, filename=name))
+            out.append(replace(speech, filename=name))
         return out
 
     @contextlib.contextmanager
@@ -481,11 +487,13 @@ class HttpFront:
         """The engine's chunks. Failing before the first one is the client's error (4xx)."""
         speech = run.speech
         run.t.started = time.monotonic()
-        stream = cast(AsyncGenerator[AudioChunk, None],
-                      self.ctx.engine.stream(speech.text, speech.voice, speech.options))
+        stream = cast(AsyncGenerator[AudioChunk, None], self.ctx.engine.stream(
+            speech.text, speech.voice, speech.options, speech.text_format))
         async with contextlib.aclosing(stream):
             try:
                 first = await anext(stream, None)
+            except MarkupError as e:  # checked in _speech already; the engine agrees
+                raise ApiError(400, str(e)) from None
             except UnknownVoice as e:
                 raise ApiError(404, str(e), reason="unknown_voice") from None
             except VoiceError as e:
@@ -638,6 +646,22 @@ def _bool(fields: Mapping[str, Any], key: str, where: str = "") -> bool:
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
     raise ApiError(400, f"{where}{key!r} must be true or false, not {value!r}")
+
+
+def _text_format(fields: Mapping[str, Any], text: str, where: str = "") -> TextFormat:
+    """``format``: "text" (bracket tags work in it) or "ssml", which must parse (400 says
+    where it doesn't)."""
+    value = (_string(fields, "format", where) or "text").strip().lower()
+    if value == "text":
+        return "text"
+    if value != "ssml":
+        raise ApiError(400, f"{where}'format' must be one of {', '.join(TEXT_FORMATS)}, "
+                       f"not {value!r}")
+    try:
+        parse_ssml(text)
+    except MarkupError as e:
+        raise ApiError(400, f"{where}{e}") from None
+    return "ssml"
 
 
 def _speaker(fields: Mapping[str, Any], where: str = "") -> str | int | None:

@@ -16,6 +16,11 @@ Rules a reader should know before changing anything here:
 * Audio goes out as the engine makes it (one ``audio-chunk`` per engine chunk), never a whole
   sentence at a time; a streamed text (``synthesize-start`` / ``-chunk`` / ``-stop``) is spoken
   sentence by sentence as each one completes, inside ONE ``audio-start`` ... ``audio-stop``.
+  Its sentences are found by the same splitter the engine uses on a whole text
+  (``daemon.request.TextStream``), so streamed and whole text sound the same.
+* ``text_format: ssml`` (on ``synthesize`` and ``synthesize-start``) is SSML; malformed SSML
+  gets an ``error`` with code ``bad-markup`` and the line and column. A streamed SSML text
+  can only be parsed whole, so it is spoken when ``synthesize-stop`` arrives.
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ import contextlib
 import ipaddress
 import json
 import logging
-import re
 import socket
 import time
 import uuid
@@ -68,9 +72,11 @@ from tts import (
     VoiceInfo,
     to_pcm16,
 )
+from tts.text import MarkupError, TextFormat, parse_ssml
 
 from ..context import Context
 from ..metrics import LatencyRecord, Timeline
+from ..request import Request, RequestError, TextStream, pause_chunk
 
 if TYPE_CHECKING:
     from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
@@ -141,47 +147,6 @@ class WyomingError(Exception):
     """The Wyoming front could not start (address in use, bad socket path, ...)."""
 
 
-# --- text arriving in pieces ------------------------------------------------------------------
-
-# A sentence ends at . ! ? (and any closing quotes/brackets) once whitespace follows, so a piece
-# that stops at "3." waits for the next piece ("5 euros") before deciding. The full-width marks
-# of CJK text are never part of a number or an abbreviation and need no space after them.
-_SENTENCE_END = re.compile(r"""[.!?]+["'”’»)\]]*\s+|[。！？]+["'”’」』）)\]]*\s*""")
-_MAX_SENTENCE = 400  # characters without a sentence end before we cut at a space anyway
-
-
-class SentenceBuffer:
-    """Text arriving piece by piece (LLM tokens that split words) -> complete sentences.
-
-    Each sentence is released as soon as it is known to be complete, so speech can start while
-    the rest of the text is still being written. A run of text with no sentence end at all is
-    cut at a space after ``max_chars`` so it cannot hold speech back forever.
-    """
-
-    def __init__(self, max_chars: int = _MAX_SENTENCE) -> None:
-        self.max_chars = max_chars
-        self._text = ""
-
-    def add(self, piece: str) -> list[str]:
-        self._text += piece
-        sentences = []
-        while (end := _SENTENCE_END.search(self._text)) is not None:
-            sentences.append(self._text[: end.end()].strip())
-            self._text = self._text[end.end():]
-        while len(self._text) > self.max_chars:
-            cut = max(self._text.rfind(" ", 0, self.max_chars), self._text.rfind("\n", 0,
-                                                                               self.max_chars))
-            cut = cut if cut > 0 else self.max_chars
-            sentences.append(self._text[:cut].strip())
-            self._text = self._text[cut:]
-        return [s for s in sentences if s]
-
-    def finish(self) -> str:
-        """What is left when the text ends: the last sentence, whatever its punctuation."""
-        rest, self._text = self._text.strip(), ""
-        return rest
-
-
 # --- failures ---------------------------------------------------------------------------------
 
 
@@ -243,6 +208,7 @@ class _AudioOut:
         self.timeline = Timeline()
         self.voice = "?"
         self.options = conn.front.options
+        self.text_format: TextFormat = "text"
         self.fmt: AudioFormat | None = None
         self.samples = 0
         self._started = False
@@ -253,15 +219,23 @@ class _AudioOut:
         self.options = options
         self.fmt = self.conn.ctx.engine.audio_format(voice)
 
-    async def speak(self, text: str) -> None:
-        """Synthesize ``text`` and send each engine chunk the moment it exists."""
+    async def speak(self, text: str, pause_before: float = 0.0) -> bool:
+        """Synthesize ``text`` and send each engine chunk the moment it exists, after
+        ``pause_before`` seconds of silence if the text makes any sound. Whether it did."""
+        assert self.fmt is not None
         if self.timeline.started is None:
             self.timeline.started = time.monotonic()
-        chunks = cast(AsyncGenerator[AudioChunk, None],
-                      self.conn.ctx.engine.stream(text, self.voice, self.options))
+        chunks = cast(AsyncGenerator[AudioChunk, None], self.conn.ctx.engine.stream(
+            text, self.voice, self.options, self.text_format))
+        said = False
         try:
             async for chunk in chunks:
+                if not said and pause_before > 0:
+                    await self._send_chunk(pause_chunk(pause_before, self.fmt.rate))
+                said = True
                 await self._send_chunk(chunk)
+        except MarkupError as e:  # a streamed SSML text, checked only once it is complete
+            raise _Refused("bad-markup", str(e)) from None
         except UnknownVoice as e:  # removed since it was resolved: a race with a reload
             raise _Refused("unknown-voice", str(e)) from None
         except VoiceError as e:  # e.g. a speaker the voice does not have
@@ -269,6 +243,7 @@ class _AudioOut:
         finally:
             await chunks.aclose()  # stops the worker now, not when the generator is collected
         self.timeline.synth_done = time.monotonic()
+        return said
 
     async def _send_chunk(self, chunk: AudioChunk) -> None:
         assert self.fmt is not None
@@ -328,18 +303,18 @@ class _TextStream:
 
     Events are read while a separate task speaks, so a sentence is synthesized while the
     client is still sending the next ones. Complete sentences that queued up meanwhile are
-    spoken in one engine call (fewer per-call costs, same audio).
+    spoken in one engine call (fewer per-call costs, same sentences, same pauses).
     """
 
-    def __init__(self, conn: _Connection, out: _AudioOut, local: Any = None) -> None:
+    def __init__(self, conn: _Connection, out: _AudioOut,
+                 local: TextStream | None = None) -> None:
         self.conn = conn
         self.out = out
-        self.local = local  # the speaker's copy of the text (a daemon.request.TextStream)
-        self.sentences = SentenceBuffer()
+        self.local = local  # the speaker's copy of the text
+        self.text = TextStream(out.text_format)
         self.chars = 0
         self.has_text = False
         self.failed = False
-        self._queue: asyncio.Queue[str | None] = asyncio.Queue()
         self._task = asyncio.create_task(self._speak(), name=f"wyoming speak {out.id}")
 
     def add(self, piece: str) -> None:
@@ -347,8 +322,7 @@ class _TextStream:
         if self.chars > self.conn.settings.max_text:
             raise _Refused("text-too-long", f"streamed text passed {self.conn.settings.max_text}"
                            " characters (wyoming.max_text); send long texts as several streams")
-        for sentence in self.sentences.add(piece):
-            self._queue_text(sentence)
+        self.text.feed(piece)
         self._feed_local(piece)
 
     def _feed_local(self, piece: str, final: bool = False) -> None:
@@ -359,22 +333,11 @@ class _TextStream:
         except ValueError:  # RequestError: the scheduler ended it (stopped, cut): let it go
             self.local = None
 
-    def _queue_text(self, text: str) -> None:
-        if not self.has_text:
-            # Latency is measured from the moment herald had something to say, not from
-            # synthesize-start: the time a language model takes to write is not ours.
-            self.out.timeline = Timeline()
-            self.has_text = True
-        self._queue.put_nowait(text)
-
     async def finish(self) -> bool:
         """Speak what is left, end the audio, ``synthesize-stopped``. False if it failed (the
         failure has been reported and the connection is closing)."""
-        rest = self.sentences.finish()
-        if rest:
-            self._queue_text(rest)
+        self.text.feed("", final=True)
         self._feed_local("", final=True)
-        self._queue.put_nowait(None)
         await self._task
         if self.failed:
             return False
@@ -388,8 +351,6 @@ class _TextStream:
 
     def _end_local(self, why: str) -> None:
         if self.local is not None:
-            from ..request import RequestError
-
             self.local.fail(RequestError(why))
             self.local = None
 
@@ -400,20 +361,21 @@ class _TextStream:
             await self._task
         self.out.close("stopped")
 
+    def _begin(self) -> None:
+        if not self.has_text:
+            # Latency is measured from the moment herald had something to say, not from
+            # synthesize-start: the time a language model takes to write is not ours.
+            self.out.timeline = Timeline()
+            self.has_text = True
+
     async def _speak(self) -> None:
         try:
             with self.out.accounting():
-                while (text := await self._queue.get()) is not None:
-                    parts, done = [text], False
-                    while not self._queue.empty():
-                        more = self._queue.get_nowait()
-                        if more is None:
-                            done = True
-                            break
-                        parts.append(more)
-                    await self.out.speak(" ".join(parts))
-                    if done:
-                        return
+                owed = 0.0  # the pause after the last passage, said if another one speaks
+                async for passage in self.text.passages(join=True):
+                    self._begin()
+                    if await self.out.speak(passage.text, owed):
+                        owed = passage.pause_after(self.out.options.sentence_silence)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -609,7 +571,7 @@ class _Connection(AsyncEventHandler):
         out = _AudioOut(self)
         with out.accounting():
             request = _parse(Synthesize, event)
-            self._check_format(request.text_format)
+            out.text_format = self._text_format(request.text_format)
             text = request.text.strip()
             if not text:
                 raise _Refused("empty-text", "nothing to say: synthesize.text is empty; send "
@@ -618,6 +580,11 @@ class _Connection(AsyncEventHandler):
                 raise _Refused("text-too-long", f"text is {len(text)} characters; the limit is "
                                f"{self.settings.max_text} (wyoming.max_text): split it, or "
                                "stream it with synthesize-start/-chunk/-stop")
+            if out.text_format == "ssml":
+                try:
+                    parse_ssml(text)
+                except MarkupError as e:
+                    raise _Refused("bad-markup", str(e)) from None
             out.set_voice(*self._voice(request.voice))
             self._play_locally(out, text)
             await out.speak(text)
@@ -631,7 +598,7 @@ class _Connection(AsyncEventHandler):
         out = _AudioOut(self)
         with out.accounting():
             start = _parse(SynthesizeStart, event)
-            self._check_format(start.text_format)
+            out.text_format = self._text_format(start.text_format)
             out.set_voice(*self._voice(start.voice))
             self.stream = _TextStream(self, out, self._play_locally(out, "", streamed=True))
 
@@ -648,7 +615,8 @@ class _Connection(AsyncEventHandler):
             options = replace(options, speaker=wanted.speaker)
         return info.name, options
 
-    def _play_locally(self, out: _AudioOut, text: str, streamed: bool = False) -> Any:
+    def _play_locally(self, out: _AudioOut, text: str,
+                      streamed: bool = False) -> TextStream | None:
         """wyoming.also_play: queue the same text for the local speaker. It is synthesized
         again by the scheduler, in the speaker's queue, so neither side waits for the other;
         a refusal there (speaker off, queue full) is logged and the Wyoming client still gets
@@ -656,11 +624,10 @@ class _Connection(AsyncEventHandler):
         scheduler = self.ctx.scheduler
         if not self.settings.also_play or scheduler is None:
             return None
-        from ..request import Request, RequestError, TextStream
-
-        local = TextStream() if streamed else None
+        local = TextStream(out.text_format) if streamed else None
         request = Request(text=text, id=out.id, voice=out.voice, speaker=out.options.speaker,
-                          sinks=("speaker",), front=FRONT, stream=local)
+                          sinks=("speaker",), front=FRONT, stream=local,
+                          text_format=out.text_format)
         try:
             scheduler.submit(request)
         except RequestError as e:
@@ -669,10 +636,13 @@ class _Connection(AsyncEventHandler):
         return local
 
     @staticmethod
-    def _check_format(text_format: object) -> None:
-        if text_format not in (None, "text"):
-            raise _Refused("text-format-not-supported", f"text_format {text_format!r} is not "
-                           "supported: send plain text")
+    def _text_format(text_format: object) -> TextFormat:
+        if text_format in (None, "text"):
+            return "text"
+        if text_format == "ssml":  # the library's SynthesizeTextFormat.SSML is a str
+            return "ssml"
+        raise _Refused("text-format-not-supported", f"text_format {text_format!r} is not "
+                       "supported: send plain text (bracket tags work in it) or \"ssml\"")
 
 
 # --- the front --------------------------------------------------------------------------------
