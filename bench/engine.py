@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+COOL_DOWN = 0.3  # seconds between runs
 SHORT = "Turn on the kitchen lights."
 LONG = ("The weather service says that a band of heavy rain will reach the coast this evening, "
         "bringing strong winds, falling temperatures and the chance of thunder before it clears "
@@ -92,6 +93,10 @@ def _timing(threads: int, repeats: int) -> dict[str, Any]:
         order = list(engines) if rep % 2 == 0 else list(reversed(engines))
         for label, text in (("short", SHORT), ("long", LONG)):
             for name in order:
+                # Let the other engine's idle workers stop spinning first (onnxruntime's
+                # and OpenMP's threads busy-wait for a while after a run); without the pause,
+                # whichever engine runs second at 2 threads finds a core taken.
+                time.sleep(COOL_DOWN)
                 raw[name][label].append(engines[name](text))
     out: dict[str, Any] = {}
     for name, by_text in raw.items():

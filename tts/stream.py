@@ -165,8 +165,10 @@ def decode_windows(model: Vits, z_p: torch.Tensor, g: torch.Tensor | None, gain:
     are pushed once, plus the generator's receptive field of look-ahead for the first one,
     and it returns the samples that are then complete. The latent frames come from the
     flow, run ahead in spans: a flow output frame is exact once its span reaches
-    ``flow.receptive_field`` frames past it on both sides (or the sentence edge). The first
-    span is no longer than the first window needs, so the first audio stays early.
+    ``flow.receptive_field`` frames past it on both sides (or the sentence edge), so each
+    span pays for that context once. The first span is no longer than the first window
+    needs, so the first audio stays early; later spans reach up to six windows ahead, but
+    never further than the audio already handed out, which is what plays meanwhile.
     """
     frames = z_p.shape[2]
     dc, fc = model.dec.receptive_field, model.flow.receptive_field
@@ -181,8 +183,10 @@ def decode_windows(model: Vits, z_p: torch.Tensor, g: torch.Tensor | None, gain:
             continue  # an earlier push reached the end of the sentence
         with torch.inference_mode():
             if need > ready:
-                # After the first window, run the flow one window ahead.
-                upto = need if start == 0 else min(frames, need + (end - start))
+                # Run the flow ahead of the generator, so its +-32 frames of context are paid
+                # for rarely: up to 6 windows ahead, but never more frames than the audio
+                # already handed out (which is what plays while this runs).
+                upto = min(frames, need + min(6 * (end - start), start))
                 f0, f1 = max(0, ready - fc), min(frames, upto + fc)
                 span = z_p[:, :, f0:f1]
                 out = model.flow.reverse(span, torch.ones_like(span[:, :1]), g,
