@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from .flow_stream import StreamingFlow
 from .generator_stream import StreamingGenerator
 from .phonemize import phoneme_ids, phonemize
 from .vits import Vits
@@ -161,39 +162,31 @@ def decode_windows(model: Vits, z_p: torch.Tensor, g: torch.Tensor | None, gain:
                    first: int = 8, largest: int = 96) -> Iterator[tuple[np.ndarray, bool]]:
     """Flow + generator over windows of ``z_p`` ``[1, c, frames]``; joins equal ``model.decode``.
 
-    The generator runs incrementally (``StreamingGenerator``): each window's latent frames
-    are pushed once, plus the generator's receptive field of look-ahead for the first one,
-    and it returns the samples that are then complete. The latent frames come from the
-    flow, run ahead in spans: a flow output frame is exact once its span reaches
-    ``flow.receptive_field`` frames past it on both sides (or the sentence edge), so each
-    span pays for that context once. The first span is no longer than the first window
-    needs, so the first audio stays early; later spans reach up to six windows ahead, but
-    never further than the audio already handed out, which is what plays meanwhile.
+    Both halves run incrementally (``StreamingFlow``, ``StreamingGenerator``): every frame
+    goes through each once. To hand out the audio through the end of a window, the generator
+    needs its receptive field of latent frames past it, and the flow its own past those; the
+    first window's push is therefore that much longer, later pushes are just the window.
     """
     frames = z_p.shape[2]
     dc, fc = model.dec.receptive_field, model.flow.receptive_field
-    z = torch.empty_like(z_p)
-    ready = 0  # z[:, :, :ready] is exact
-    pushed = 0  # frames given to the generator
     with torch.inference_mode():
+        flow = StreamingFlow(model.flow, g)
         gen = StreamingGenerator(model.dec, g)
-    for start, end in window_plan(frames, first, largest):
+    fed = 0  # prior frames given to the flow
+    latent: list[torch.Tensor] = []  # flow output not yet given to the generator
+    pushed = 0  # latent frames given to the generator
+    for _, end in window_plan(frames, first, largest):
         need = min(frames, end + dc)  # the audio through `end` needs this much look-ahead
         if need <= pushed:
             continue  # an earlier push reached the end of the sentence
         with torch.inference_mode():
-            if need > ready:
-                # Run the flow ahead of the generator, so its +-32 frames of context are paid
-                # for rarely: up to 6 windows ahead, but never more frames than the audio
-                # already handed out (which is what plays while this runs).
-                upto = min(frames, need + min(6 * (end - start), start))
-                f0, f1 = max(0, ready - fc), min(frames, upto + fc)
-                span = z_p[:, :, f0:f1]
-                out = model.flow.reverse(span, torch.ones_like(span[:, :1]), g,
-                                         trim_left=f0 > 0, trim_right=f1 < frames)
-                first_kept = ready - f0 - (fc if f0 else 0)  # the trimmed flow output starts later
-                z[:, :, ready:upto] = out[:, :, first_kept : first_kept + upto - ready]
-                ready = upto
-            audio = gen.push(z[:, :, pushed:need], final=need == frames)
+            target = min(frames, need + fc)
+            if target > fed:
+                latent.append(flow.push(z_p[:, :, fed:target], final=target == frames))
+                fed = target
+            z = torch.cat(latent, dim=2) if len(latent) > 1 else latent[0]
+            take = need - pushed
+            latent = [z[:, :, take:]]
+            audio = gen.push(z[:, :, :take], final=need == frames)
             pushed = need
         yield _apply_gain(audio.numpy(), gain), need == frames

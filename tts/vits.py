@@ -427,21 +427,12 @@ class ResidualCouplingBlock(nn.Module):
             flows += [ResidualCouplingLayer(c), Flip()]
         self.flows = nn.ModuleList(flows)
         # Every coupling layer sees +-(kernel//2) frames per WaveNet layer.
-        self.layer_reach = c.flow_wn_layers * (c.flow_kernel_size // 2)
-        self.receptive_field = c.flow_layers * self.layer_reach
+        self.receptive_field = c.flow_layers * c.flow_wn_layers * (c.flow_kernel_size // 2)
 
-    def reverse(self, x: Tensor, x_mask: Tensor, g: Tensor | None,
-                trim_left: bool = False, trim_right: bool = False) -> Tensor:
-        """Undo the flow. With ``trim_*``, a side of ``x`` is a window edge, not a sentence
-        edge: after each coupling layer the frames there that saw the window's zero padding
-        are dropped (``layer_reach`` per layer), so later layers skip work whose result would
-        be discarded. The output is then ``receptive_field`` frames shorter on that side."""
+    def reverse(self, x: Tensor, x_mask: Tensor, g: Tensor | None) -> Tensor:
         for flow in reversed(self.flows):
             if isinstance(flow, ResidualCouplingLayer):
                 x = flow.reverse(x, x_mask, g)
-                a = self.layer_reach if trim_left else 0
-                b = x.shape[2] - (self.layer_reach if trim_right else 0)
-                x, x_mask = x[:, :, a:b], x_mask[:, :, a:b]
             else:
                 x = torch.flip(x, [1])
         return x
