@@ -28,7 +28,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run the daemon (MQTT, Wyoming, HTTP)")
+    run = sub.add_parser(
+        "run", help="run the daemon (MQTT, Wyoming, HTTP)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run herald: MQTT (embedded broker when mqtt.host is empty), Wyoming on "
+        "tcp://127.0.0.1:10200, HTTP and the web page on http://127.0.0.1:8000/.",
+        epilog="settings, each overriding the one before:\n"
+        "  built-in defaults < the TOML file < HERALD_<SECTION>__<KEY> environment "
+        "variables < --set\n"
+        "sections: voices, synthesis, scheduler, mqtt (.tls .audio .discovery .hermes), "
+        "speaker, wyoming, http\n"
+        "every key, with its default and meaning: config/herald.toml\n"
+        "examples:\n"
+        "  herald run --set mqtt.host=broker.lan --set mqtt.username=herald\n"
+        "  HERALD_SPEAKER__DEVICE=hw:1 herald run --config /etc/herald/herald.toml")
     run.add_argument("--config", type=Path, metavar="FILE",
                      help="TOML config file (default: ./herald.toml or /etc/herald/herald.toml "
                      "if present)")
