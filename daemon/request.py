@@ -21,7 +21,6 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tts import AudioChunk, SynthesisOptions, VoiceError
-from tts.compose import DEFAULT_PARAGRAPH_PAUSE
 from tts.text import (
     DEFAULT_MAX_CHARS,
     MarkupError,
@@ -68,9 +67,9 @@ class Passage:
     paragraph_end: bool = False  # its last sentence ends a paragraph (a blank line follows)
     terminated: bool = True  # its last sentence ends with sentence punctuation
 
-    def pause_after(self, sentence_silence: float) -> float:
+    def pause_after(self, sentence_silence: float, paragraph_silence: float) -> float:
         if self.paragraph_end:
-            return DEFAULT_PARAGRAPH_PAUSE
+            return paragraph_silence
         return sentence_silence if self.terminated else 0.0
 
     @staticmethod
@@ -181,6 +180,8 @@ class TextStream:
 
 @dataclass(eq=False)
 class Request:
+    """What to say (or, with ``audio``, what to play), how, where to, and when it arrived."""
+
     text: str  # the whole text; for a stream, what has arrived so far is in `stream`
     id: str = field(default_factory=new_id)
     voice: str | None = None  # resolved voice name (None: the engine's default)
@@ -198,6 +199,10 @@ class Request:
     noise_w: float | None = None
     stream: TextStream | None = None
     text_format: TextFormat = "text"  # "ssml": the text (or the streamed text) is SSML
+    # Audio to play as it is instead of text to synthesize (Hermes playBytes): s16le mono PCM
+    # at ``audio_rate``. It waits its turn in the speaker queue like any utterance.
+    audio: bytes | None = None
+    audio_rate: int = 0
 
     def options(self, base: SynthesisOptions) -> SynthesisOptions:
         """This request's synthesis options on top of the configured defaults."""

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 EventListener = Callable[[dict[str, Any]], None]
 TERMINAL = ("finished", "stopped", "error")
+AUDIO_VOICE = "wav"  # the latency record's voice for audio played as it came (no synthesis)
+AUDIO_SLICE_SECONDS = 0.1  # audio played as it came goes to the speaker in pieces this long
 
 
 class NetworkStream(Protocol):
@@ -171,6 +173,9 @@ class Scheduler:
             why = ("the speaker is disabled or failed to start (see speaker.enabled and the "
                    "log)" if "speaker" in missing else f"sink {missing[0]!r} is not available")
             raise RequestError(why, req.id)
+        if req.audio is not None and req.sinks != ("speaker",):
+            raise RequestError("audio to play goes only to the speaker, not to "
+                               f"{'+'.join(req.sinks)}", req.id)
         if req.id in self._ids:
             raise RequestError(f"id {req.id!r} is already queued or playing; use a new id",
                                req.id)
@@ -183,9 +188,10 @@ class Scheduler:
         self._ids[req.id] = utt
         lane.waiting.append(utt)
         lane.waiting.sort(key=Utterance.sort_key)
-        log.info("%s queued from %s for %s (%d chars, voice %s, priority %d, %s)", req.id,
-                 req.front, "+".join(req.sinks), len(req.text), req.voice, req.priority,
-                 req.mode)
+        what = (f"{len(req.audio) / 2 / req.audio_rate:.1f} s of audio" if req.audio is not None
+                else f"{len(req.text)} chars, voice {req.voice}")
+        log.info("%s queued from %s for %s (%s, priority %d, %s)", req.id, req.front,
+                 "+".join(req.sinks), what, req.priority, req.mode)
         self._emit("queued", req)
         if req.mode == "interrupt":
             for other in list(lane.running):
@@ -297,6 +303,8 @@ class Scheduler:
             self.speaker.cut()
 
     def _start_producer(self, utt: Utterance) -> None:
+        if utt.req.audio is not None:
+            return  # nothing to synthesize: the audio is played as it came
         rate = self.engine.audio_format(utt.req.voice).rate
         utt.buffer = AudioBuffer(int(self.settings.buffer_seconds * rate))
         utt.req.timeline.started = time.monotonic()
@@ -329,7 +337,7 @@ class Scheduler:
                     self._progress()
                     await buffer.put(chunk)
                 if said:
-                    owed = passage.pause_after(opts.sentence_silence)
+                    owed = passage.pause_after(opts.sentence_silence, opts.paragraph_silence)
         except asyncio.CancelledError:
             buffer.abort()
             raise
@@ -341,19 +349,26 @@ class Scheduler:
 
     async def _play(self, utt: Utterance) -> None:
         req, t = utt.req, utt.req.timeline
-        if utt.producer is None:
-            self._start_producer(utt)
-        assert utt.buffer is not None
-        buffer = utt.buffer
-        voice = req.voice or self.engine.catalog.default
-        fmt = self.engine.audio_format(voice)
+        error: str | None = None
+        source: AsyncIterator[bytes]
+        if req.audio is not None:
+            voice = AUDIO_VOICE
+            fmt = AudioFormat(req.audio_rate)
+            t.started = t.synth_done = time.monotonic()  # nothing to synthesize: synth_ms 0
+            source = _slices(req.audio, fmt, AUDIO_SLICE_SECONDS)
+        else:
+            if utt.producer is None:
+                self._start_producer(utt)
+            assert utt.buffer is not None
+            voice = req.voice or self.engine.catalog.default
+            fmt = self.engine.audio_format(voice)
+            source = self._synthesized(utt.buffer)
         self._emit("started", req)
         log.info("%s started (queue %.0f ms)", req.id, (time.monotonic() - t.received) * 1000)
         streams = [self.network_sinks[s].open(req.id, fmt) for s in req.sinks if s != "speaker"]
         on_speaker = "speaker" in req.sinks
         samples = 0
         underruns = 0
-        error: str | None = None
 
         def first_audio() -> None:
             if t.first_audio is None:
@@ -361,22 +376,19 @@ class Scheduler:
 
         async def pcm() -> AsyncIterator[bytes]:
             nonlocal samples, error
-            while True:
-                try:
-                    chunk = await buffer.get()
-                except Exception as e:  # the synthesis failed: play what came before it
-                    error = _describe(e)
-                    return
-                if chunk is None:
-                    return
-                data = to_pcm16(chunk.samples)
-                samples += len(chunk.samples)
-                for s in streams:
-                    s.write(data)
-                if not on_speaker:
-                    first_audio()
-                self._progress()
-                yield data
+            try:
+                async for data in source:
+                    if utt.cut:  # stopped before the speaker had started on it
+                        return
+                    samples += len(data) // 2
+                    for s in streams:
+                        s.write(data)
+                    if not on_speaker:
+                        first_audio()
+                    self._progress()
+                    yield data
+            except _SynthesisFailed as e:  # play what came before it, then report
+                error = str(e)
 
         try:
             if on_speaker:
@@ -406,6 +418,18 @@ class Scheduler:
             t.finished = time.monotonic()
             self._finish(utt, outcome, error, voice, samples / fmt.rate, underruns)
 
+    @staticmethod
+    async def _synthesized(buffer: AudioBuffer) -> AsyncIterator[bytes]:
+        """The synthesized chunks as PCM; a synthesis error ends them as ``_SynthesisFailed``."""
+        while True:
+            try:
+                chunk = await buffer.get()
+            except Exception as e:
+                raise _SynthesisFailed(_describe(e)) from e
+            if chunk is None:
+                return
+            yield to_pcm16(chunk.samples)
+
     def _finish(self, utt: Utterance, outcome: str, error: str | None, voice: str,
                 audio_seconds: float, underruns: int) -> None:
         req = utt.req
@@ -423,6 +447,18 @@ class Scheduler:
         if not utt.done.done():
             utt.done.set_result(outcome)
         self._pump(utt.lane)
+
+
+class _SynthesisFailed(Exception):
+    """The producer failed after some audio: what was made is played, then this is reported."""
+
+
+async def _slices(pcm: bytes, fmt: AudioFormat, seconds: float) -> AsyncIterator[bytes]:
+    """Whole PCM in pieces of about ``seconds``, the way synthesis hands audio over, so the
+    speaker's jitter buffer (not one huge push) sets how far ahead of the device it runs."""
+    step = max(1, round(fmt.rate * seconds)) * fmt.width * fmt.channels
+    for start in range(0, len(pcm), step):
+        yield pcm[start:start + step]
 
 
 def _describe(e: BaseException) -> str:

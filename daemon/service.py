@@ -182,7 +182,8 @@ class Service:
         syn = s.synthesis
         self.scheduler = Scheduler(engine, metrics, s.scheduler, SynthesisOptions(
             length_scale=syn.length_scale, noise_scale=syn.noise_scale, noise_w=syn.noise_w,
-            gain=syn.gain, sentence_silence=syn.sentence_silence), speaker)
+            gain=syn.gain, sentence_silence=syn.sentence_silence,
+            paragraph_silence=syn.paragraph_silence), speaker)
         ctx.scheduler = self.scheduler
         self.scheduler.on_progress = watchdog_progress
         self.scheduler.add_listener(lambda ev: self._status())

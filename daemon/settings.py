@@ -75,6 +75,7 @@ class SynthesisSettings(_Section):
     noise_w: float | None = Field(None, ge=0, le=2)
     gain: float = Field(1.0, gt=0, le=10)
     sentence_silence: float = Field(0.0, ge=0, le=10)
+    paragraph_silence: float = Field(0.4, ge=0, le=10)
 
     @field_validator("length_scale", "noise_scale", "noise_w", mode="before")
     @classmethod

@@ -131,6 +131,22 @@ class Topics:
     HERMES_SAY = "hermes/tts/say"
     HERMES_SAY_FINISHED = "hermes/tts/sayFinished"
 
+    @staticmethod
+    def hermes_play_bytes(site_id: str) -> str:
+        """What we subscribe to: WAV files for this site, the request id as the last level."""
+        return f"hermes/audioServer/{check_level(site_id, 'mqtt.hermes.site_id')}/playBytes/+"
+
+    @staticmethod
+    def hermes_play_bytes_id(topic: str, site_id: str) -> str | None:
+        """The request id of a ``playBytes`` topic for ``site_id``; None for any other topic."""
+        prefix = f"hermes/audioServer/{site_id}/playBytes/"
+        rest = topic.removeprefix(prefix)
+        return rest if rest != topic and rest and "/" not in rest else None
+
+    @staticmethod
+    def hermes_play_finished(site_id: str) -> str:
+        return f"hermes/audioServer/{check_level(site_id, 'mqtt.hermes.site_id')}/playFinished"
+
     def will(self) -> tuple[str, str, int, bool]:
         """(topic, payload, qos, retain) of the last will: the broker marks us offline."""
         return self.availability, AVAILABILITY_OFFLINE, 1, True

@@ -338,3 +338,18 @@ def test_fallback_voices() -> None:
     assert abs(len(han) - len(pinyin)) < 0.05 * len(pinyin)
     assert_speech(fallback.synthesize("你好，欢迎使用。", fallback.resolve("zh")),
                   fallback.sample_rate)
+
+
+@pytest.mark.parametrize("sentence_silence,paragraph_silence", [(0.0, 0.4), (0.15, 0.9)])
+def test_pauses_come_from_the_options(composer: Composer, sentence_silence: float,
+                                      paragraph_silence: float) -> None:
+    """``synthesis.sentence_silence`` / ``paragraph_silence`` reach the audio as set."""
+    from dataclasses import replace
+
+    opts = replace(OPTS, sentence_silence=sentence_silence, paragraph_silence=paragraph_silence)
+    comp = composer.stream("Yes. No.\n\nMaybe.", "text", opts)
+    x = _audio(list(comp))
+    rate = comp.sample_rate
+    runs = _zero_runs(x, int(0.05 * rate))
+    want = [p for p in (sentence_silence, paragraph_silence) if p >= 0.05]
+    assert [round((b - a) / rate, 2) for a, b in runs] == [round(p, 2) for p in want]

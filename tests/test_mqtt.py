@@ -32,8 +32,10 @@ from audio_checks import assert_speech, pcm16
 from conftest import ROOT, AlsaFile, Broker, alsa_file_env, free_port, wait_port
 from paho.mqtt.enums import CallbackAPIVersion
 
+from daemon.hermes import decode_wav
 from daemon.request import Limits, RequestError, parse_say, parse_stream_piece
-from tts import SynthesisOptions, to_pcm16
+from tts import AudioFormat, SynthesisOptions, to_pcm16, wav_bytes
+from tts.audio import wav_stream_header
 
 DEVICE = "testdev"
 BASE = f"herald/{DEVICE}"
@@ -576,6 +578,147 @@ def test_hermes_say_for_our_site_is_spoken_and_answered(client: Client) -> None:
     assert done == {"id": "h-1", "sessionId": "sess-9", "siteId": "hall"}
     assert [e["event"] for e in client.events("h-1")] == ["queued", "started", "finished"]
     assert client.events("h-0") == []  # another site's request is not ours
+
+
+# Hermes audio server: playBytes/<requestId> (a WAV) -> the speaker -> playFinished
+
+PLAY = "hermes/audioServer/hall/playBytes"
+PLAY_FINISHED = "hermes/audioServer/hall/playFinished"
+
+
+@pytest.fixture
+def audio_server(herald: Herald) -> Iterator[Client]:
+    """A client that also sees the Hermes audio server topics, as Rhasspy's dialogue does."""
+    c = Client(herald.broker.port, topics=(f"{BASE}/#", "hermes/audioServer/#"))
+    yield c
+    c.close()
+    assert herald.proc.poll() is None, "herald died:\n" + herald.output()[-3000:]
+
+
+def play_finished(client: Client, request_id: str, site: str = "hall") -> dict[str, Any]:
+    topic = f"hermes/audioServer/{site}/playFinished"
+    return client.wait(lambda ms: next((m.json() for m in ms if m.topic == topic
+                                        and m.json().get("id") == request_id), None),
+                       what=f"playFinished for {request_id}")
+
+
+def played_tail(herald: Herald) -> np.ndarray:
+    """The last sound in ALSA's file, after the silence PortAudio wrote around it. (ALSA's
+    file plugin truncates the file when the device is reopened for another rate.)"""
+    out = np.frombuffer(herald.alsa.pcm()[: len(herald.alsa.pcm()) // 2 * 2], dtype="<i2")
+    nonzero = np.flatnonzero(out)
+    assert len(nonzero), "nothing was played"
+    return out[: nonzero[-1] + 1]
+
+
+def test_decode_wav_downmixes_and_refuses_what_it_cannot_play() -> None:
+    left = np.array([1000, -2000, 30000, 7], dtype="<i2")
+    right = np.array([3000, 2000, 30001, -8], dtype="<i2")
+    stereo = np.stack([left, right], axis=1).tobytes()
+    pcm, rate = decode_wav(wav_bytes(stereo, AudioFormat(16000, channels=2)))
+    assert rate == 16000
+    assert np.frombuffer(pcm, "<i2").tolist() == [2000, 0, 30000, 0]  # averaged, rounded
+    mono = np.arange(-300, 300, dtype="<i2").tobytes()
+    assert decode_wav(wav_bytes(mono, AudioFormat(44100))) == (mono, 44100)
+    # a streamer's header (sizes at their maximum) is fine too
+    assert decode_wav(wav_stream_header(AudioFormat(22050)) + mono) == (mono, 22050)
+    for payload, message in [
+        (b"", "empty payload"), (b"hello, not audio", "not a usable WAV file"),
+        (wav_bytes(mono, AudioFormat(22050))[:30], "not a usable WAV file"),
+        (wav_bytes(mono[:200], AudioFormat(22050, width=1)), "8-bit samples"),
+        (wav_bytes(b"", AudioFormat(22050)), "no audio frames"),
+        (wav_bytes(mono, AudioFormat(22050)) + b"\0" * 2000, "the limit is"),
+    ]:
+        with pytest.raises(RequestError, match=re.escape(message)):
+            decode_wav(payload, max_bytes=2000)
+
+
+def test_hermes_play_bytes_plays_the_wav_and_answers(audio_server: Client, herald: Herald,
+                                                     synth: Any) -> None:
+    ref = np.frombuffer(to_pcm16(np.concatenate(
+        [c.samples for c in synth.stream("Ding dong.", SynthesisOptions(seed=3))])), "<i2")
+    wav = wav_bytes(ref.tobytes(), AudioFormat(synth.sample_rate))
+    audio_server.publish(f"{PLAY}/chime-1", wav)
+    assert play_finished(audio_server, "chime-1") == {
+        "id": "chime-1", "siteId": "hall", "sessionId": None}
+    assert [e["event"] for e in audio_server.events("chime-1")] == [
+        "queued", "started", "finished"]
+    rec = audio_server.wait(lambda ms: next((m.json() for m in ms if m.topic == f"{BASE}/latency"
+                                             and m.json()["id"] == "chime-1"), None),
+                            what="latency of chime-1")
+    assert (rec["voice"], rec["sink"], rec["synth_ms"], rec["outcome"]) == (
+        "wav", "speaker", 0, "ok")
+    assert rec["audio_ms"] == pytest.approx(len(ref) / synth.sample_rate * 1000, abs=1)
+    # the speaker played exactly the WAV's samples (after its leading silence)
+    nz = np.flatnonzero(ref)
+    want = ref[nz[0]: nz[-1] + 1]
+    got = played_tail(herald)
+    assert len(got) >= len(want)
+    assert np.array_equal(got[-len(want):], want), "the speaker did not play the WAV as sent"
+    assert_speech(want.astype(np.float32) / 32767, synth.sample_rate, min_seconds=0.3)
+
+
+def test_hermes_play_bytes_stereo_16k_is_mixed_down(audio_server: Client,
+                                                    herald: Herald) -> None:
+    rate, seconds, freq = 16000, 0.5, 440.0
+    tone = np.sin(2 * np.pi * freq * np.arange(int(rate * seconds)) / rate)
+    stereo = np.stack([0.6 * tone, 0.2 * tone], axis=1)  # averaged: 0.4 * tone
+    wav = wav_bytes(np.rint(stereo * 32767).astype("<i2").tobytes(),
+                    AudioFormat(rate, channels=2))
+    audio_server.publish(f"{PLAY}/tone-1", wav)
+    play_finished(audio_server, "tone-1")
+    assert audio_server.wait_event("tone-1")["event"] == "finished"
+    out = played_tail(herald)
+    # the tone is the last sound: back from its end to the silence before it
+    zero_runs = np.flatnonzero(np.convolve(out == 0, np.ones(64), "valid") == 64)
+    tone_out = out[zero_runs[-1] + 64:].astype(np.float64) / 32767
+    device_rate = min((16000, 22050, 44100, 48000),
+                      key=lambda r: abs(len(tone_out) / seconds - r))
+    assert len(tone_out) / seconds == pytest.approx(device_rate, rel=0.02)
+    spectrum = np.abs(np.fft.rfft(tone_out))
+    peak = np.fft.rfftfreq(len(tone_out), 1 / device_rate)[spectrum.argmax()]
+    assert peak == pytest.approx(freq, abs=3)
+    middle = tone_out[len(tone_out) // 4: 3 * len(tone_out) // 4]
+    level = float(np.sqrt(np.mean(middle ** 2)))
+    assert level == pytest.approx(0.4 / np.sqrt(2), rel=0.03), "not the channels' average"
+
+
+def test_hermes_play_bytes_waits_its_turn_and_can_be_stopped(audio_server: Client) -> None:
+    chime = wav_bytes(np.full(1600, 500, "<i2").tobytes(), AudioFormat(16000))
+    audio_server.say(id="q-long", text=LONG_TEXT)
+    audio_server.wait_event("q-long", ("started",))
+    audio_server.publish(f"{PLAY}/q-wav", chime)
+    audio_server.publish(f"{PLAY}/q-wav2", chime)
+    audio_server.wait_event("q-wav2", ("queued",))
+    audio_server.publish("stop", json.dumps({"id": "q-wav"}))
+    assert audio_server.wait_event("q-wav")["event"] == "stopped"
+    assert play_finished(audio_server, "q-wav")["id"] == "q-wav"
+    audio_server.publish("stop", json.dumps({"id": "q-long"}))
+    assert audio_server.wait_event("q-long")["event"] == "stopped"
+    assert audio_server.wait_event("q-wav2")["event"] == "finished"
+    play_finished(audio_server, "q-wav2")
+    evs = [(e["id"], e["event"]) for e in audio_server.events()]
+    assert evs.index(("q-long", "stopped")) < evs.index(("q-wav2", "started"))
+    assert ("q-wav", "started") not in evs
+
+
+def test_hermes_play_bytes_bad_wav_and_other_sites(audio_server: Client) -> None:
+    good = wav_bytes(np.zeros(1600, "<i2").tobytes(), AudioFormat(16000))
+    audio_server.publish("hermes/audioServer/garage/playBytes/g-1", good)
+    audio_server.publish(f"{PLAY}/bad-1", b"\x00\x01 certainly not a WAV file")
+    audio_server.publish(f"{PLAY}/bad-2", wav_bytes(b"\x80" * 800, AudioFormat(8000, width=1)))
+    for rid, message in [("bad-1", "not a usable WAV file"), ("bad-2", "8-bit samples")]:
+        err = audio_server.wait_event(rid, ("error",))
+        assert message in err["error"] and err["topic"] == f"{PLAY}/{rid}"
+        assert play_finished(audio_server, rid)["id"] == rid  # Rhasspy is not left waiting
+        assert [e["event"] for e in audio_server.events(rid)] == ["error"]
+    # still serving, and the garage's audio was never ours
+    audio_server.publish(f"{PLAY}/play-after-bad", good)
+    assert play_finished(audio_server, "play-after-bad")["id"] == "play-after-bad"
+    assert audio_server.wait_event("play-after-bad")["event"] == "finished"
+    assert audio_server.events("g-1") == []
+    assert not [m for m in audio_server.msgs if m.topic.startswith("hermes/audioServer/garage/")
+                and not m.topic.endswith("/g-1")]
 
 
 def test_herald_say_mqtt_cli(herald: Herald) -> None:

@@ -186,10 +186,10 @@ class Composer:
         """A whole text. Raises UnknownVoice (request voice) and MarkupError (malformed SSML,
         unless ``markup_errors="text"``) before any synthesis; the audio is made as the
         returned iterator is consumed. ``sentence_pause`` defaults to the options'
-        ``sentence_silence``."""
+        ``sentence_silence``, ``paragraph_pause`` to their ``paragraph_silence``."""
         planner = self.planner(
             fmt, voice, options.sentence_silence if sentence_pause is None else sentence_pause,
-            DEFAULT_PARAGRAPH_PAUSE if paragraph_pause is None else paragraph_pause,
+            options.paragraph_silence if paragraph_pause is None else paragraph_pause,
             markup_errors)
         steps = planner.feed(text) + planner.finish()
         return Composition(steps, self.render(steps, options, planner.voice),

@@ -57,6 +57,7 @@ class SynthesisOptions:
     gain: float = 1.0  # fixed output gain; replaces Piper's per-sentence peak normalisation
     seed: int | None = None  # fixes the sampling noise (tests, reproducible output)
     sentence_silence: float = 0.0  # seconds of silence after each sentence
+    paragraph_silence: float = 0.4  # seconds after a paragraph (a blank line) in composed text
 
     def with_defaults(self, voice: Voice) -> SynthesisOptions:
         c = voice.config

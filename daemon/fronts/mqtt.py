@@ -33,7 +33,7 @@ from tts import UnknownVoice, VoiceError
 
 from ..context import Context
 from ..discovery import discovery_payload
-from ..hermes import HermesSay, parse_hermes_say, say_finished
+from ..hermes import parse_hermes_play, parse_hermes_say, play_finished, say_finished
 from ..metrics import LatencyRecord, Timeline
 from ..request import (
     Limits,
@@ -46,7 +46,13 @@ from ..request import (
 )
 from ..scheduler import TERMINAL, Scheduler
 from ..settings import MqttSettings
-from ..topics import AVAILABILITY_OFFLINE, AVAILABILITY_ONLINE, Topics, check_publish_topic
+from ..topics import (
+    AVAILABILITY_OFFLINE,
+    AVAILABILITY_ONLINE,
+    TopicError,
+    Topics,
+    check_publish_topic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +96,24 @@ class MqttFront:
         self._streams: dict[str, _Stream] = {}
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._ended: OrderedDict[str, int] = OrderedDict()  # ended stream -> its next seq
-        self._hermes: dict[str, HermesSay] = {}
+        # Hermes requests taken: herald request id -> (topic, payload) of the reply owed
+        self._hermes: dict[str, tuple[str, str]] = {}
+        self._play_bytes = self._play_bytes_topic()
         self._tasks: set[asyncio.Task[Any]] = set()
         if scheduler:
             scheduler.add_listener(self._on_event)
         ctx.metrics.add_listener(self._on_latency)
+
+    def _play_bytes_topic(self) -> str | None:
+        """The Hermes audio server topic we take WAVs on (None: Hermes off or unusable)."""
+        hermes = self.settings.hermes
+        if not hermes.enabled:
+            return None
+        try:
+            return Topics.hermes_play_bytes(hermes.site_id)
+        except TopicError as e:
+            log.error("MQTT: Hermes playBytes is off: %s", e)
+            return None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -248,6 +267,8 @@ class MqttFront:
             topics.append(self.topics.ha_status)
         if self.settings.hermes.enabled:
             topics.append(Topics.HERMES_SAY)
+        if self._play_bytes:
+            topics.append(self._play_bytes)
         if self.settings.protocol == "5":
             self._client.subscribe([(t, SubscribeOptions(qos=1)) for t in topics])
         else:
@@ -262,6 +283,11 @@ class MqttFront:
                     t_.set_volume: self._on_volume, t_.set_voice: self._on_voice,
                     t_.ha_status: self._on_ha_status, Topics.HERMES_SAY: self._on_hermes}
         handler = handlers.get(topic)
+        if handler is None and self._play_bytes:
+            play_id = Topics.hermes_play_bytes_id(topic, self.settings.hermes.site_id)
+            if play_id is not None:
+                self._on_play_bytes(topic, play_id, payload, retained, t)
+                return
         if handler is None:
             log.debug("MQTT: ignoring message on %s", topic)
             return
@@ -469,7 +495,35 @@ class MqttFront:
         if say is None:
             return
         self._scheduler(say.request.id).submit(say.request)
-        self._hermes[say.request.id] = say
+        self._hermes[say.request.id] = (Topics.HERMES_SAY_FINISHED, say_finished(say))
+
+    def _on_play_bytes(self, topic: str, hermes_id: str, payload: bytes, retained: bool,
+                       t: Timeline) -> None:
+        """A WAV to play on the speaker, in the queue like speech. playFinished always
+        follows, also for a WAV refused here: Rhasspy's dialogue waits for it."""
+        site = self.settings.hermes.site_id
+        reply = (Topics.hermes_play_finished(site), play_finished(hermes_id, site))
+        try:
+            if retained:
+                raise RequestError("retained playBytes ignored: publish audio without the "
+                                   "retain flag (clear it with an empty retained message)")
+            play = parse_hermes_play(hermes_id, payload, site, t)
+            req = play.request
+            if req.id in self._seen:
+                raise RequestError(f"duplicate request id {req.id!r}: already received, not "
+                                   "played twice", req.id)
+            self._scheduler(req.id).submit(req)
+        except RequestError as e:
+            self._error(topic, str(e), e.id)
+            self.publish(*reply, 1, False)
+            return
+        except Exception as e:
+            log.exception("MQTT: handling a message on %s failed", topic)
+            self._error(topic, f"internal error: {e}")
+            self.publish(*reply, 1, False)
+            return
+        self._remember(req.id)
+        self._hermes[req.id] = reply
 
     # --- outputs
 
@@ -477,9 +531,9 @@ class MqttFront:
         self._event(ev)
         if ev["event"] in TERMINAL:
             self._end_stream(ev["id"])
-            say = self._hermes.pop(ev["id"], None)
-            if say is not None:
-                self.publish(Topics.HERMES_SAY_FINISHED, say_finished(say), 1, False)
+            reply = self._hermes.pop(ev["id"], None)
+            if reply is not None:
+                self.publish(*reply, 1, False)
         self.publish_status()
 
     def _on_latency(self, rec: LatencyRecord) -> None:

@@ -375,7 +375,8 @@ class _TextStream:
                 async for passage in self.text.passages(join=True):
                     self._begin()
                     if await self.out.speak(passage.text, owed):
-                        owed = passage.pause_after(self.out.options.sentence_silence)
+                        owed = passage.pause_after(self.out.options.sentence_silence,
+                                                  self.out.options.paragraph_silence)
         except asyncio.CancelledError:
             raise
         except Exception as e:
