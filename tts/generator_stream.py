@@ -19,6 +19,8 @@ from torch import Tensor
 
 from .vits import LRELU_SLOPE, Conv, Generator, ResBlock1, ResBlock2, Upsample, _as_int
 
+PIECE = 1 << 17  # values per piece in the upsampled stages (512 KiB of float32)
+
 
 def _conv(module: object) -> Conv:
     assert isinstance(module, Conv), f"expected vits.Conv, got {type(module).__name__}"
@@ -213,8 +215,23 @@ class StreamingGenerator:
         x = self.pre.push(z.unsqueeze(2).contiguous(memory_format=torch.channels_last), final)
         if self.cond is not None:
             x = x + self.cond
-        for up, blocks, mean in zip(self.ups, self.blocks, self.means):
-            x = up.push(x, final)
-            x = mean.push([b.push(x, final) for b in blocks])
-        x = self.post.push(x, final)
-        return torch.tanh_(x).reshape(-1)
+        return torch.cat(self._stage(0, x, final))
+
+    def _stage(self, i: int, x: Tensor, final: bool) -> list[Tensor]:
+        """Upsample ``x`` through stage ``i``, then take it on in pieces of ``PIECE`` values.
+
+        Upsampling multiplies the length by up to 8 at every stage; cut into pieces, the
+        last stages' temporaries stay small enough for the CPU cache and for glibc to reuse
+        heap memory instead of mapping (and page-faulting) fresh memory for each.
+        """
+        if i == len(self.ups):
+            return [torch.tanh_(self.post.push(x, final)).reshape(-1)]
+        x = self.ups[i].push(x, final)
+        step = max(1, PIECE // x.shape[1])
+        starts = list(range(0, x.shape[-1], step)) or [0]
+        out: list[Tensor] = []
+        for k, a in enumerate(starts):
+            last = final and k == len(starts) - 1
+            y = self.means[i].push([b.push(x[..., a : a + step], last) for b in self.blocks[i]])
+            out += self._stage(i + 1, y, last)
+        return out
