@@ -1,0 +1,120 @@
+"""The two pieces every incremental layer is made of: a convolution that keeps the input tail
+its next outputs need, and a delay that holds a branch until the branch beside it catches up.
+
+``flow_stream`` and ``generator_stream`` build the flow and the generator from them. The time
+axis is the last one, whatever the rank (``[1, c, t]`` in the flow, channels-last
+``[1, c, 1, t]`` in the generator). Indices are absolute from the start of the sentence; the
+one-shot model's zero padding appears as zeros prepended at the start and appended at
+``final``, so the pieces' outputs join into exactly the one-shot result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+
+def keep(buf: Tensor, n: int) -> Tensor:
+    """The last ``n`` samples, copied: a view would keep the whole buffer alive."""
+    return buf[..., buf.shape[-1] - n :].clone()
+
+
+def join(a: Tensor | None, b: Tensor) -> Tensor:
+    if a is None or a.shape[-1] == 0:
+        return b
+    return torch.cat([a, b], dim=-1)
+
+
+def assemble(x: Tensor, tail: Tensor | None, lead: int, trail: int,
+             slope: float | None) -> Tensor:
+    """``[zeros(lead), tail, act(x), zeros(trail)]`` in one pass over ``x``.
+
+    The activation (a leaky ReLU of ``slope``, or none) is written straight into the
+    convolution's input buffer: joining and activating separately would each cost a full
+    pass over the (large) signal.
+    """
+    held = 0 if tail is None else tail.shape[-1]
+    n = lead + held + x.shape[-1] + trail
+    layout = torch.channels_last if x.dim() == 4 else torch.contiguous_format
+    buf = torch.empty((*x.shape[:-1], n), dtype=x.dtype, memory_format=layout)
+    if lead:
+        buf[..., :lead].zero_()
+    if tail is not None and held:
+        buf[..., lead : lead + held].copy_(tail)
+    body = buf[..., lead + held : n - trail]
+    if slope is None:
+        body.copy_(x)
+    else:
+        torch.ops.aten.leaky_relu.out(x, slope, out=body)
+    if trail:
+        buf[..., n - trail :].zero_()
+    return buf
+
+
+class StreamConv:
+    """A convolution fed piece by piece.
+
+    ``valid`` convolves without padding; ``pad`` zeros stand for the one-shot padding at
+    each end of the sentence; ``context`` input samples are kept for the next piece (twice
+    the radius for a 'same' convolution, ``taps - 1`` for a causal one). ``slope``: the
+    leaky ReLU applied to the inputs first, or None.
+    """
+
+    def __init__(self, valid: Callable[[Tensor], Tensor], pad: int, context: int,
+                 slope: float | None = None) -> None:
+        self.valid = valid
+        self.pad = pad
+        self.context = context
+        self.slope = slope
+        self.tail: Tensor | None = None
+
+    def push(self, x: Tensor, final: bool) -> Tensor:
+        if self.context == 0 and self.slope is None:
+            return self.valid(x)  # pointwise: nothing to keep, nothing to copy
+        lead = self.pad if self.tail is None else 0
+        buf = assemble(x, self.tail, lead, self.pad if final else 0, self.slope)
+        if buf.shape[-1] <= self.context:
+            self.tail = buf
+            return buf[..., :0]
+        self.tail = keep(buf, self.context)
+        return self.valid(buf)
+
+
+class Delay:
+    """Holds a stream until the branch beside it has produced the same samples."""
+
+    def __init__(self) -> None:
+        self.held: Tensor | None = None
+
+    @property
+    def pending(self) -> int:
+        """Samples held from earlier pushes."""
+        return 0 if self.held is None else self.held.shape[-1]
+
+    def write_into(self, dst: Tensor, x: Tensor, add: bool = True) -> Tensor:
+        """``dst (+)= (held ++ x)[:len(dst)]``, keeping the rest; no joined copy is made."""
+        n = dst.shape[-1]
+        at = 0
+        for part in ([] if self.held is None else [self.held]) + [x]:
+            take = min(part.shape[-1], n - at)
+            if take > 0:
+                target = dst[..., at : at + take]
+                if add:
+                    target.add_(part[..., :take])
+                else:
+                    target.copy_(part[..., :take])
+            at += part.shape[-1]
+        rest = self.pending + x.shape[-1] - n  # what stays for the next push
+        if rest <= x.shape[-1]:
+            self.held = keep(x, rest) if rest else None
+        else:
+            self.held = keep(join(self.held, x), rest)
+        return dst
+
+    def take(self, x: Tensor, n: int) -> Tensor:
+        """The oldest ``n`` samples of ``held ++ x``, as a new tensor."""
+        layout = torch.channels_last if x.dim() == 4 else torch.contiguous_format
+        out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, memory_format=layout)
+        return self.write_into(out, x, add=False)
