@@ -88,10 +88,7 @@ def _cmd_voices(args: argparse.Namespace) -> int:
     import json
 
     catalog = VoiceCatalog(args.voice_dir)
-    rows = [{"name": i.name, "language": i.config.language, "quality": i.config.quality,
-             "sample_rate": i.config.sample_rate, "speakers": i.config.num_speakers,
-             "speaker_names": i.speakers, "default": i.name == catalog.default}
-            for i in catalog.infos()]
+    rows = [i.summary(i.name == catalog.default) for i in catalog.infos()]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tts import AudioChunk, AudioFormat, SynthesisOptions, VoiceCatalog, set_threads
-from tts.compose import Composer, MarkupErrors
+from tts.compose import Composer
 from tts.text import TextFormat
 
 log = logging.getLogger(__name__)
@@ -59,15 +59,13 @@ class Engine:
 
     async def stream(self, text: str, voice: str | None = None,
                      options: SynthesisOptions = SynthesisOptions(),
-                     text_format: TextFormat = "text",
-                     markup_errors: MarkupErrors = "raise") -> AsyncIterator[AudioChunk]:
+                     text_format: TextFormat = "text") -> AsyncIterator[AudioChunk]:
         """Chunks as the worker produces them.
 
         Raises ``UnknownVoice`` and ``MarkupError`` (malformed SSML) before any work is
         queued, then whatever the worker raises.
         """
-        composition = self.composer.stream(text, text_format, options, voice,
-                                           markup_errors=markup_errors)
+        composition = self.composer.stream(text, text_format, options, voice)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[object] = asyncio.Queue(self.settings.queue_chunks)
         cancelled = threading.Event()

@@ -205,15 +205,16 @@ class Request:
     audio_rate: int = 0
 
     def options(self, base: SynthesisOptions) -> SynthesisOptions:
-        """This request's synthesis options on top of the configured defaults."""
-        return SynthesisOptions(
+        """This request's synthesis options on top of the configured defaults (only the
+        fields a request can set are replaced; the rest, pauses included, stay configured)."""
+        return replace(
+            base,
             length_scale=self.rate if self.rate is not None else base.length_scale,
             noise_scale=self.noise_scale if self.noise_scale is not None else base.noise_scale,
             noise_w=self.noise_w if self.noise_w is not None else base.noise_w,
             speaker=self.speaker if self.speaker is not None else base.speaker,
             gain=base.gain * self.volume,
             seed=self.seed,
-            sentence_silence=base.sentence_silence,
         )
 
     async def passages(self) -> AsyncIterator[Passage]:

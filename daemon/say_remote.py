@@ -18,6 +18,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from .request import new_id
 from .settings import hostname_device_id
+from .topics import Topics
 
 ANSWER_TIMEOUT = 10.0  # seconds to hear `queued` from a daemon
 CHARS_PER_SECOND = 5.0  # generous speaking budget beyond the answer
@@ -41,7 +42,8 @@ def publish_say(host_port: str, device_id: str | None, text: str, voice: str | N
     except ValueError as e:
         print(f"herald say: {e}", file=sys.stderr)
         return 2
-    base = f"herald/{device_id or hostname_device_id()}"
+    device = device_id or hostname_device_id()
+    topics = Topics(f"herald/{device}", device)
     rid = new_id()
     events: queue.Queue[dict[str, Any]] = queue.Queue()
     subscribed = queue.Queue[bool]()
@@ -51,7 +53,7 @@ def publish_say(host_port: str, device_id: str | None, text: str, voice: str | N
         if reason.is_failure:
             events.put({"event": "connect-failed", "error": str(reason)})
             return
-        client.subscribe(f"{base}/event", qos=1)
+        client.subscribe(topics.event, qos=1)
 
     def on_subscribe(client: mqtt.Client, userdata: Any, mid: int, reasons: Any,
                      properties: Any) -> None:
@@ -87,7 +89,7 @@ def publish_say(host_port: str, device_id: str | None, text: str, voice: str | N
             payload["voice"] = voice
         if text_format != "text":
             payload["format"] = text_format
-        client.publish(f"{base}/say", json.dumps(payload), qos=1)
+        client.publish(topics.say, json.dumps(payload), qos=1)
         deadline = time.monotonic() + ANSWER_TIMEOUT
         answered = False
         budget = timeout if timeout is not None else 30.0 + len(text) / CHARS_PER_SECOND
@@ -96,7 +98,7 @@ def publish_say(host_port: str, device_id: str | None, text: str, voice: str | N
                 ev = events.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 if not answered:
-                    print(f"herald say: no herald answered on {base}/say within "
+                    print(f"herald say: no herald answered on {topics.say} within "
                           f"{ANSWER_TIMEOUT:g} s: is it running, and is --device-id right?",
                           file=sys.stderr)
                 else:

@@ -143,7 +143,6 @@ class Scheduler:
         self._order = itertools.count()
         self._ids: dict[str, Utterance] = {}
         self._closing = False
-        self.last_progress = time.monotonic()
         # Called whenever synthesis or playback advances (the service feeds the watchdog).
         self.on_progress: Callable[[], None] | None = None
 
@@ -232,10 +231,6 @@ class Scheduler:
         """Work in hand that should be progressing (not idle, not waiting for streamed text)."""
         return any(not u.waiting_text for lane in self._lanes() for u in lane.running)
 
-    def stalled_for(self) -> float:
-        """Seconds the work in hand has made no progress (0 when not busy)."""
-        return time.monotonic() - self.last_progress if self.busy() else 0.0
-
     async def close(self, timeout: float = 2.0) -> None:
         """Stop everything (cutting the current utterance) and wait for the players to end."""
         self._closing = True
@@ -247,7 +242,6 @@ class Scheduler:
     # ------------------------------------------------------------------ internals
 
     def _progress(self) -> None:
-        self.last_progress = time.monotonic()
         if self.on_progress is not None:
             self.on_progress()
 

@@ -180,10 +180,11 @@ class Service:
             if await self._start_part(candidate):
                 speaker = candidate
         syn = s.synthesis
-        self.scheduler = Scheduler(engine, metrics, s.scheduler, SynthesisOptions(
+        ctx.synthesis = SynthesisOptions(
             length_scale=syn.length_scale, noise_scale=syn.noise_scale, noise_w=syn.noise_w,
             gain=syn.gain, sentence_silence=syn.sentence_silence,
-            paragraph_silence=syn.paragraph_silence), speaker)
+            paragraph_silence=syn.paragraph_silence)
+        self.scheduler = Scheduler(engine, metrics, s.scheduler, ctx.synthesis, speaker)
         ctx.scheduler = self.scheduler
         self.scheduler.on_progress = watchdog_progress
         self.scheduler.add_listener(lambda ev: self._status())

@@ -343,3 +343,12 @@ async def test_audio_buffer_is_bounded_and_ends_with_the_error() -> None:
     with pytest.raises(RuntimeError, match="synthesis broke"):
         await buf.get()
     assert await buf.get() is None
+
+
+def test_request_options_keep_the_configured_defaults() -> None:
+    """A request replaces only what it sets; pauses and gain stay as configured."""
+    base = SynthesisOptions(sentence_silence=0.2, paragraph_silence=0.9, gain=0.5,
+                            noise_w=0.3)
+    opts = Request(text="Hi.", rate=1.4, volume=0.5, seed=7).options(base)
+    assert (opts.sentence_silence, opts.paragraph_silence) == (0.2, 0.9)
+    assert (opts.length_scale, opts.gain, opts.seed, opts.noise_w) == (1.4, 0.25, 7, 0.3)

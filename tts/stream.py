@@ -37,8 +37,9 @@ def set_threads(n: int) -> None:
     large free, up to 32 MiB, and the generator's multi-megabyte temporaries then come from
     the heap and, fragmented, keep the process ~40 MB larger. Pinned too low (64 KiB), every
     such temporary is a fresh mapping whose pages fault in on first touch: measured 30%
-    slower. At 1 MiB the few largest tensors are mapped and the rest reuse the heap: peak
-    RSS for a long sentence 395 MB (default 423), synthesis within 10% of the default.
+    slower. At 1 MiB the few largest tensors are mapped and the rest reuse the heap; with the
+    generator's cache-sized pieces nearly all of them are below it (bench/README.md has the
+    figures).
     """
     with _threads_lock:
         if n > 0 and torch.get_num_threads() != n:

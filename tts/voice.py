@@ -88,6 +88,13 @@ class VoiceInfo:
         ids = self.config.speaker_id_map
         return sorted(ids, key=lambda s: ids[s])
 
+    def summary(self, default: bool = False) -> dict[str, Any]:
+        """What a listing shows of the voice (``herald voices``, ``GET /voices``)."""
+        c = self.config
+        return {"name": self.name, "language": c.language, "quality": c.quality,
+                "sample_rate": c.sample_rate, "speakers": c.num_speakers,
+                "speaker_names": self.speakers, "default": default}
+
     @classmethod
     def from_files(cls, model_path: Path, config_path: Path | None = None) -> VoiceInfo:
         config_path = config_path or model_path.with_name(model_path.name + ".json")

@@ -284,8 +284,10 @@ class HttpFront:
         text_format = _text_format(fields, text, where)
         rate = _number(fields, "rate", *RATE_RANGE, where=where)
         seed = _number(fields, "seed", 0, 2**63 - 1, where=where, integer=True)
-        options = SynthesisOptions(length_scale=rate, speaker=_speaker(fields, where),
-                                   seed=None if seed is None else int(seed))
+        base = self.ctx.synthesis
+        options = replace(base, length_scale=base.length_scale if rate is None else rate,
+                          speaker=_speaker(fields, where),
+                          seed=None if seed is None else int(seed))
         voice = await self._voice(_string(fields, "voice", where), options.speaker)
         return Speech(text, voice, options, stream=_bool(fields, "stream", where),
                       text_format=text_format)
@@ -355,8 +357,10 @@ class HttpFront:
             speed = _number(fields, "speed", *RATE_RANGE)
             voice = await self._voice(name, None)
             # speed is relative to the voice's own pace, which its config sets
-            scale = None if speed is None else catalog.resolve(voice).config.length_scale / speed
-            speech = Speech(text, voice, SynthesisOptions(length_scale=scale))
+            base = self.ctx.synthesis
+            scale = base.length_scale if speed is None else \
+                catalog.resolve(voice).config.length_scale / speed
+            speech = Speech(text, voice, replace(base, length_scale=scale))
             if fmt == "pcm":
                 return await self._send_stream(request, speech, t, "audio/pcm", header=False)
             return await self._send_whole(request, speech, t)
@@ -522,11 +526,8 @@ class HttpFront:
 
     async def _voices(self, request: web.Request) -> web.Response:
         catalog = self.ctx.engine.catalog
-        return web.json_response([
-            {"name": i.name, "language": i.config.language, "quality": i.config.quality,
-             "sample_rate": i.config.sample_rate, "speakers": i.config.num_speakers,
-             "speaker_names": i.speakers, "default": i.name == catalog.default}
-            for i in catalog.infos()])
+        return web.json_response([i.summary(i.name == catalog.default)
+                                  for i in catalog.infos()])
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.json_response({

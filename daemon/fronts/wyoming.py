@@ -659,11 +659,8 @@ class WyomingFront:
                  options: SynthesisOptions | None = None) -> None:
         self.settings = settings
         self.ctx = ctx
-        # Synthesis defaults (the [synthesis] section): given, else the speaker queue's,
-        # else the voice's own.
-        if options is None:
-            options = getattr(ctx.scheduler, "synthesis", None)
-        self.options = options if isinstance(options, SynthesisOptions) else SynthesisOptions()
+        # Synthesis defaults: given, else the configured [synthesis] section.
+        self.options = options if options is not None else ctx.synthesis
         self.connections: dict[asyncio.Task[Any], _Connection] = {}
         self._server: AsyncServer | None = None
         self._networks = [ipaddress.ip_network(a.strip(), strict=False)
