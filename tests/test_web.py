@@ -19,7 +19,10 @@ from daemon.engine import Engine, EngineSettings
 from daemon.fronts.http import HttpFront, HttpSettings
 from daemon.metrics import Metrics
 
-playwright = pytest.importorskip("playwright.async_api")
+try:
+    import playwright.async_api as playwright
+except ImportError:  # a real browser is the point of this file: a missing one is a failure
+    pytest.fail("playwright is not installed: run scripts/setup --test", pytrace=False)
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",

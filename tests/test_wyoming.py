@@ -576,7 +576,10 @@ async def test_stop_closes_connections_and_the_port(start_server):
 
 
 async def test_zeroconf_announces_the_server(start_server):
-    zeroconf = pytest.importorskip("zeroconf.asyncio")
+    try:
+        import zeroconf.asyncio as zeroconf
+    except ImportError:
+        pytest.fail("zeroconf is not installed: run scripts/setup --test")
     address = lan_address()
     if address is None:
         pytest.skip("no non-loopback address to announce")
