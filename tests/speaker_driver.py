@@ -26,6 +26,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+FIRST_AUDIO_TIMEOUT = 10.0  # seconds a play may take to signal its first audio
+
 F_SETPIPE_SZ = 1031
 
 
@@ -79,10 +81,13 @@ async def chunks(pcm: bytes, chunk_bytes: int, play: dict[str, Any], state: dict
     count = (len(pcm) + chunk_bytes - 1) // chunk_bytes
     for i in range(count):
         if pause and i == pause["at"]:
-            # Wait until what was sent has played, then starve the device for `extra` s.
-            while state["first_audio"] is None:
+            # Wait until what was sent has played, then starve the device for `extra` s. A
+            # sink that never signals first audio must fail the test, not hang the driver.
+            give_up = time.monotonic() + FIRST_AUDIO_TIMEOUT
+            while state["first_audio"] is None and time.monotonic() < give_up:
                 await asyncio.sleep(0.01)
-            played_by = state["first_audio"] + i * chunk_bytes / rate_bytes + pause["extra"]
+            heard = state["first_audio"] if state["first_audio"] is not None else time.monotonic()
+            played_by = heard + i * chunk_bytes / rate_bytes + pause["extra"]
             await asyncio.sleep(max(0.0, played_by - time.monotonic()))
         if play.get("slow"):
             await asyncio.sleep(play["slow"])
@@ -127,7 +132,10 @@ async def main(spec: dict[str, Any]) -> None:
 
         async def after_first_audio(delay: float, action: Any,
                                     state: dict[str, Any] = state) -> None:
+            give_up = time.monotonic() + FIRST_AUDIO_TIMEOUT
             while state["first_audio"] is None:
+                if time.monotonic() > give_up:
+                    return  # never heard: the test's own assertions report it
                 await asyncio.sleep(0.005)
             await asyncio.sleep(delay)
             action()

