@@ -623,7 +623,7 @@ async def main(port, short, streamed, sent_file):
     await speaker.start()
     scheduler = Scheduler(engine, metrics, SchedulerSettings(), quiet, speaker)
     front = WyomingFront(WyomingSettings(uri=f"tcp://127.0.0.1:{port}", also_play=True),
-                         Context(engine, metrics, "t", scheduler))
+                         Context(engine, metrics, "t", scheduler, quiet))
     await front.start()
     sent = b""
     async with AsyncTcpClient("127.0.0.1", port, read_timeout=120) as client:
