@@ -1,8 +1,10 @@
 """The bridge between asyncio fronts and the CPU-bound synthesizer.
 
-Torch runs in worker threads (it releases the GIL); the event loop only receives finished
-chunks through a bounded queue. Cancelling the consumer (a stopped utterance, a vanished
-client) stops the worker at the next chunk boundary.
+Text is planned on the loop by the composer's planner (sentences, markup, languages, pauses:
+cheap, and one place for all of it, whole texts and streamed ones alike); the planned steps
+are rendered into audio in worker threads (torch releases the GIL); the event loop only
+receives finished chunks through a bounded queue. Cancelling the consumer (a stopped
+utterance, a vanished client) stops the worker at the next chunk boundary.
 
 A stream whose consumer is slow (a speaker playing in real time) parks its thread on the
 full queue. So threads are plentiful, and what is limited is the CPU work: a semaphore of
@@ -13,19 +15,23 @@ take turns chunk by chunk, and a parked stream never starves the others.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import re
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tts import AudioChunk, AudioFormat, SynthesisOptions, VoiceCatalog, set_threads
-from tts.compose import Composer
+from tts import AudioChunk, AudioFormat, SynthesisOptions, UnknownVoice, VoiceCatalog, set_threads
+from tts.compose import Composer, Planner, Step
 from tts.text import TextFormat
 
 log = logging.getLogger(__name__)
 
 _DONE = object()
+_LANGUAGE = re.compile(r"^[a-z]{2,3}([_-][A-Za-z]{2})?$")  # en, de_DE, pt-br: not a voice name
+_MAX_VOICE_NAME = 200  # characters; a longer "name" is junk, not echoed back in full
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,32 @@ class Engine:
                                         thread_name_prefix="herald-synth")
         self._cpu = threading.BoundedSemaphore(settings.workers)
 
+    def resolve_voice(self, name: str | None = None, language: str | None = None,
+                      default: str | None = None) -> str:
+        """The installed voice a request asks for, however the front lets it ask: by name;
+        by a language in ``name`` (``en``, ``de_DE``, as people type it in a ``say``) or in
+        ``language`` (Wyoming's field); with neither, ``default`` (the catalog's if None).
+        Raises ``UnknownVoice`` naming what is installed; each front answers it its own
+        way."""
+        if name and len(name) > _MAX_VOICE_NAME:
+            raise UnknownVoice(f"voice name too long (over {_MAX_VOICE_NAME} characters)")
+        catalog = self.catalog
+        if name:
+            try:
+                return catalog.resolve(name).name
+            except UnknownVoice:
+                if not _LANGUAGE.match(name):
+                    raise
+            language = name
+        if not language:
+            return default or catalog.default
+        try:
+            return catalog.resolve(language=language).name
+        except UnknownVoice:
+            installed = ", ".join(f"{i.name} ({i.config.language})" for i in catalog.infos())
+            what = f"unknown voice {name!r}: no voice has that name or" if name else "no voice"
+            raise UnknownVoice(f"{what} speaks {language!r}; installed: {installed}") from None
+
     def audio_format(self, voice: str | None = None) -> AudioFormat:
         """The one format a stream for this request voice comes in (others are resampled)."""
         return self.composer.audio_format(voice)
@@ -57,15 +89,46 @@ class Engine:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._pool, self.catalog.synthesizer, voice)
 
+    def planner(self, voice: str | None, options: SynthesisOptions,
+                text_format: TextFormat = "text") -> Planner:
+        """The text side of one request, whole or arriving in pieces: sentences, markup,
+        languages, and the pauses the options ask for between sentences and paragraphs.
+        Text only, safe on the loop. Raises ``UnknownVoice``."""
+        return self.composer.planner(text_format, voice, options.sentence_silence,
+                                     options.paragraph_silence)
+
     async def stream(self, text: str, voice: str | None = None,
                      options: SynthesisOptions = SynthesisOptions(),
-                     text_format: TextFormat = "text") -> AsyncIterator[AudioChunk]:
-        """Chunks as the worker produces them.
+                     text_format: TextFormat = "text") -> AsyncGenerator[AudioChunk, None]:
+        """A whole text's chunks as the worker produces them.
 
         Raises ``UnknownVoice`` and ``MarkupError`` (malformed SSML) before any work is
         queued, then whatever the worker raises.
         """
-        composition = self.composer.stream(text, text_format, options, voice)
+        planner = self.planner(voice, options, text_format)
+        async with contextlib.aclosing(self._render(planner.feed(text) + planner.finish(),
+                                                    voice, options)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def stream_steps(self, batches: AsyncGenerator[list[Step], None], voice: str | None,
+                           options: SynthesisOptions) -> AsyncGenerator[AudioChunk, None]:
+        """Planned text as it arrives (a streamed text): each batch of steps is rendered as
+        soon as it comes, each as one rendering, so a seed starts afresh on every batch.
+
+        Raises whatever ``batches`` raises (after the audio of the batches before it), and
+        closes it when closed."""
+        async with contextlib.aclosing(batches):
+            async for steps in batches:
+                async with contextlib.aclosing(self._render(steps, voice, options)) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+
+    async def _render(self, steps: list[Step], voice: str | None,
+                      options: SynthesisOptions) -> AsyncGenerator[AudioChunk, None]:
+        """The steps' chunks, computed in a worker thread and handed over through a bounded
+        queue; closing this generator stops the worker at the next chunk."""
+        composition = self.composer.render(steps, options, voice)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[object] = asyncio.Queue(self.settings.queue_chunks)
         cancelled = threading.Event()

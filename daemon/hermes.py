@@ -19,7 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from .request import Limits, Request, RequestError, decode_text, new_id
+from .request import (
+    Limits,
+    Request,
+    RequestError,
+    check_text,
+    decode_text,
+    json_object,
+    new_id,
+)
 from .topics import TopicError, check_request_id
 
 
@@ -34,20 +42,11 @@ class HermesSay:
 def parse_hermes_say(payload: bytes, site_id: str, limits: Limits,
                      timeline: Any = None) -> HermesSay | None:
     """The request in a ``hermes/tts/say`` payload; None when it is for another site."""
-    try:
-        data = json.loads(decode_text(payload))
-    except ValueError as e:
-        raise RequestError(f"hermes/tts/say: malformed JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise RequestError("hermes/tts/say: payload must be a JSON object")
+    data = json_object(decode_text(payload), '{"text": "...", "siteId": "..."}')
     if data.get("siteId", "default") != site_id:
         return None
     text = data.get("text")
-    if not isinstance(text, str) or not text.strip():
-        raise RequestError("hermes/tts/say: empty text: nothing to say")
-    if len(text) > limits.max_text:
-        raise RequestError(f"hermes/tts/say: text is {len(text)} characters; the limit is "
-                           f"{limits.max_text} (mqtt.max_text)")
+    text = check_text(text if isinstance(text, str) else "", limits.max_text, "mqtt.max_text")
     hermes_id = data.get("id") if isinstance(data.get("id"), str) else None
     rid = new_id()
     if hermes_id:

@@ -1,9 +1,10 @@
 """One request to speak, whatever front it came from, and the parsing of MQTT payloads into it.
 
 A request's text is either known up front (``say``) or arrives piece by piece
-(``say/stream``, an LLM typing): ``TextStream`` turns pieces into complete sentences as soon
-as each one ends, so synthesis can start before the rest has arrived. Either way the text is
-plain text with bracket tags or, with ``format: "ssml"``, SSML (``Request.text_format``).
+(``say/stream``, an LLM typing) through a ``TextStream``, whose sentences the engine's
+planner releases as soon as each one ends, so synthesis can start before the rest has
+arrived. Either way the text is plain text with bracket tags or, with ``format: "ssml"``,
+SSML (``Request.text_format``).
 """
 
 from __future__ import annotations
@@ -12,24 +13,15 @@ import asyncio
 import json
 import secrets
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from tts import AudioChunk, SynthesisOptions, VoiceError
-from tts.text import (
-    DEFAULT_MAX_CHARS,
-    MarkupError,
-    Sentence,
-    SentenceBuffer,
-    TagParser,
-    TextFormat,
-    parse_ssml,
-)
+from tts import SynthesisOptions, VoiceError
+from tts.compose import Planner, Step
+from tts.text import MarkupError, TextFormat, parse_ssml
 
 from .metrics import Timeline
 from .topics import TopicError, check_request_id
@@ -46,6 +38,14 @@ class RequestError(ValueError):
         self.id = id
 
 
+class EmptyText(RequestError):
+    """The text has nothing to say in it."""
+
+
+class TextTooLong(RequestError):
+    """More text than the front takes at once."""
+
+
 def new_id() -> str:
     """Short and unique enough to tell a day of requests apart in logs and topics."""
     return secrets.token_hex(4)
@@ -54,63 +54,20 @@ def new_id() -> str:
 # --------------------------------------------------------------------------- text streams
 
 
-@dataclass(frozen=True)
-class Passage:
-    """Text for one ``engine.stream`` call: whole sentences of a request.
-
-    A streamed text is spoken passage by passage, and the engine adds no pause after the
-    last sentence of a call, so the caller says ``pause_after`` between passages (only when
-    another passage follows): the same pauses as the text spoken whole.
-    """
-
-    text: str
-    paragraph_end: bool = False  # its last sentence ends a paragraph (a blank line follows)
-    terminated: bool = True  # its last sentence ends with sentence punctuation
-
-    def pause_after(self, sentence_silence: float, paragraph_silence: float) -> float:
-        if self.paragraph_end:
-            return paragraph_silence
-        return sentence_silence if self.terminated else 0.0
-
-    @staticmethod
-    def join(passages: list[Passage]) -> Passage:
-        """Several passages as one call, keeping where sentences and paragraphs end (the
-        engine splits the joined text into the same sentences again)."""
-        parts = []
-        for p in passages[:-1]:
-            parts += [p.text, "\n\n" if p.paragraph_end else " " if p.terminated else "\n"]
-        last = passages[-1]
-        return Passage("".join(parts) + last.text, last.paragraph_end, last.terminated)
-
-
-def pause_chunk(seconds: float, rate: int) -> AudioChunk:
-    """Silence between passages, as the engine makes it between sentences: zero samples."""
-    return AudioChunk(np.zeros(max(0, round(seconds * rate)), np.float32), 0, False)
-
-
 class TextStream:
-    """Pieces of text in, passages to synthesize out (an async iterator), in order.
+    """Text arriving in pieces (``say/stream``, Wyoming's ``synthesize-chunk``: an LLM
+    typing), handed in order from the front that receives it to whoever speaks it.
 
-    Sentences are found by ``tts.text.SentenceBuffer``, the splitter the engine uses on a
-    whole text, so a streamed text is spoken in the same sentences as the same text sent in
-    one piece ("Dr. Smith" stays together, "3." waits to see whether "5" follows). Each
-    sentence is released as soon as what follows proves it complete.
-
-    Bracket tags work inside any sentence; the ones that last (``[rate 0.8]``, ``[voice
-    NAME]``, ``【慢速】``) also carry over to the sentences after them, as in a whole text:
-    every passage starts with the tags in force where it begins. SSML can only be parsed
-    whole, so an SSML stream is one passage, released when the stream ends.
+    Only a pipe: ``steps`` gives the text to the engine's planner (``tts.compose.Planner``),
+    the one a whole text goes through, so a streamed text is spoken in the same sentences,
+    with the same tags carried over and the same pauses, as the same text sent in one piece;
+    and each sentence as soon as what follows proves it complete.
     """
 
-    def __init__(self, text_format: TextFormat = "text",
-                 max_chars: int = DEFAULT_MAX_CHARS) -> None:
-        self.text_format = text_format
+    def __init__(self) -> None:
         self.closed = False
         self.total_chars = 0
-        self._buffer = SentenceBuffer(max_chars)
-        self._tags = TagParser()  # the rate and voice in force after the sentences so far
-        self._ssml: list[str] = []
-        self._ready: deque[tuple[str, Passage]] = deque()  # (tags in force, sentence)
+        self._pieces: list[str] = []
         self._wake = asyncio.Event()
         self._error: Exception | None = None
 
@@ -118,13 +75,7 @@ class TextStream:
         if self.closed:
             raise RequestError("this stream has already ended")
         self.total_chars += len(piece)
-        if self.text_format == "ssml":
-            self._ssml.append(piece)
-            if final and "".join(self._ssml).strip():
-                self._ready.append(("", Passage("".join(self._ssml))))
-        else:
-            for sentence in self._buffer.feed(piece) + (self._buffer.flush() if final else []):
-                self._add(sentence)
+        self._pieces.append(piece)
         if final:
             self.closed = True
         self._wake.set()
@@ -136,17 +87,9 @@ class TextStream:
             self._error = error
             self._wake.set()
 
-    def _add(self, sentence: Sentence) -> None:
-        tags = "".join(filter(None, (
-            f"[voice {self._tags.voice}]" if self._tags.voice else "",
-            f"[rate {self._tags.rate:g}]" if self._tags.rate != 1.0 else "")))
-        self._tags.parse(sentence.text)  # only to follow [rate] and [voice]; the engine warns
-        self._ready.append((tags, Passage(sentence.text, sentence.paragraph_end,
-                                          sentence.terminated)))
-
-    async def _take(self) -> list[tuple[str, Passage]] | None:
-        """Everything released so far (waiting for something); None at the end."""
-        while not self._ready:
+    async def _take(self) -> str | None:
+        """The text that arrived since the last call (waiting for some); None at the end."""
+        while not self._pieces:
             if self.closed:
                 if self._error is not None:
                     error, self._error = self._error, None
@@ -154,25 +97,31 @@ class TextStream:
                 return None
             self._wake.clear()
             await self._wake.wait()
-        taken = list(self._ready)
-        self._ready.clear()
-        return taken
+        text = "".join(self._pieces)
+        self._pieces.clear()
+        return text
 
-    async def passages(self, join: bool = False) -> AsyncIterator[Passage]:
-        """Sentence by sentence; with ``join``, all sentences complete at the time in one
-        passage (fewer engine calls when the text arrives faster than it is spoken)."""
-        while (taken := await self._take()) is not None:
-            groups = [taken] if join else [[item] for item in taken]
-            for group in groups:
-                tags = group[0][0]
-                joined = Passage.join([p for _, p in group])
-                yield replace(joined, text=f"{tags} {joined.text}" if tags else joined.text)
+    async def steps(self, planner: Planner) -> AsyncGenerator[list[Step], None]:
+        """The planned text, one sentence's steps at a time as each one completes, so its
+        audio never depends on how the text was cut or how fast it came (a fixed seed starts
+        afresh on each sentence). SSML can only be parsed whole: it comes at the end, as one
+        batch, like an SSML text sent whole."""
+        while (text := await self._take()) is not None:
+            for batch in _by_sentence(planner.feed(text)):
+                yield batch
+        rest = planner.finish()
+        for batch in ([rest] if planner.fmt == "ssml" and rest else _by_sentence(rest)):
+            yield batch
 
-    async def sentences(self) -> AsyncIterator[str]:
-        """The sentences' texts as they complete (no tags carried over)."""
-        while (taken := await self._take()) is not None:
-            for _, passage in taken:
-                yield passage.text
+
+def _by_sentence(steps: list[Step]) -> list[list[Step]]:
+    batches: list[list[Step]] = []
+    for step in steps:
+        if batches and batches[-1][-1].sentence == step.sentence:
+            batches[-1].append(step)
+        else:
+            batches.append([step])
+    return batches
 
 
 # --------------------------------------------------------------------------- the request
@@ -216,18 +165,6 @@ class Request:
             gain=base.gain * self.volume,
             seed=self.seed,
         )
-
-    async def passages(self) -> AsyncIterator[Passage]:
-        """The text in the pieces synthesis should run on: all of it, or sentence by sentence.
-
-        One engine call per streamed sentence, not several joined, so that the audio of a
-        sentence never depends on how fast the text arrived (a fixed ``seed`` gives the same
-        samples every time)."""
-        if self.stream is None:
-            yield Passage(self.text)
-            return
-        async for passage in self.stream.passages():
-            yield passage
 
 
 # --------------------------------------------------------------------------- MQTT payloads
@@ -292,13 +229,17 @@ def decode_text(payload: bytes) -> str:
     return text
 
 
-def _json_object(text: str) -> dict[str, Any]:
+def parse_json(text: str) -> Any:
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except ValueError as e:
         raise RequestError(f"malformed JSON: {e}") from None
+
+
+def json_object(text: str, example: str = '{"text": "..."}') -> dict[str, Any]:
+    data = parse_json(text)
     if not isinstance(data, dict):
-        raise RequestError("JSON payload must be an object like {\"text\": \"...\"}")
+        raise RequestError(f"JSON payload must be an object like {example}")
     return data
 
 
@@ -313,12 +254,17 @@ def _validation_message(e: ValidationError) -> str:
     return f"{where}: {msg}" if where else msg
 
 
-def _check_text(text: str, limits: Limits, id: str | None) -> str:
+def check_text(text: str, max_text: int, setting: str, id: str | None = None, *,
+               field: str = "text", where: str = "",
+               hint: str = "split it into several requests") -> str:
+    """Refuse text with nothing to say in it, or longer than ``max_text`` characters;
+    ``setting`` names the limit's key, so the message says what could be changed. Each front
+    answers the two in its own protocol (HTTP: 400 and 413)."""
     if not text.strip():
-        raise RequestError("empty text: nothing to say", id)
-    if len(text) > limits.max_text:
-        raise RequestError(f"text is {len(text)} characters; the limit is {limits.max_text} "
-                           "(mqtt.max_text): split it into several requests", id)
+        raise EmptyText(f"{where}empty {field}: nothing to say", id)
+    if len(text) > max_text:
+        raise TextTooLong(f"{where}{field} is {len(text)} characters; the limit is {max_text} "
+                          f"({setting}): {hint}", id)
     return text
 
 
@@ -367,15 +313,15 @@ def parse_say(payload: bytes, limits: Limits, front: str = "mqtt",
     """A `say` payload: plain UTF-8 text, or a JSON object with at least ``text``."""
     text = decode_text(payload)
     if not text.lstrip().startswith("{"):
-        _check_text(text, limits, None)
+        check_text(text, limits.max_text, "mqtt.max_text")
         return _build(_Fields(text=text), limits, front, timeline)
-    data = _json_object(text)
+    data = json_object(text)
     rid = data.get("id") if isinstance(data.get("id"), str) else None
     try:
         f = _Fields.model_validate(data)
     except ValidationError as e:
         raise RequestError(_validation_message(e), rid) from None
-    _check_text(f.text, limits, rid)
+    check_text(f.text, limits.max_text, "mqtt.max_text", rid)
     return _build(f, limits, front, timeline)
 
 
@@ -390,7 +336,7 @@ class StreamPiece:
 
 def parse_stream_piece(payload: bytes) -> StreamPiece:
     """One `say/stream` piece: JSON ``{id, seq, text, final}`` (+ request fields on the first)."""
-    data = _json_object(decode_text(payload))
+    data = json_object(decode_text(payload))
     rid = data.get("id") if isinstance(data.get("id"), str) else None
     try:
         f = _StreamFields.model_validate(data)
@@ -406,7 +352,7 @@ def parse_stream_piece(payload: bytes) -> StreamPiece:
 def stream_request(piece: StreamPiece, limits: Limits, front: str = "mqtt",
                    timeline: Timeline | None = None) -> Request:
     """The request a stream's first piece opens; its text arrives through ``req.stream``."""
-    stream = TextStream(piece.fields.format)
+    stream = TextStream()
     req = _build(piece.fields, limits, front, timeline, stream=stream)
     req.text = ""  # grows as pieces arrive (the front feeds the stream in order)
     return req

@@ -15,19 +15,21 @@ left the queue), ``first_audio`` when its first audio reached the sink.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tts import AudioChunk, AudioFormat, SynthesisOptions, to_pcm16
+from tts.compose import Step
 
 from .engine import Engine
 from .metrics import LatencyRecord, Metrics
-from .request import Request, RequestError, pause_chunk
+from .request import Request, RequestError
 from .settings import SchedulerSettings
 from .sinks.speaker import SpeakerSink, SpeakerUnavailable
 
@@ -108,6 +110,7 @@ class Utterance:
     order: int
     lane: Lane
     done: asyncio.Future[str]
+    fmt: AudioFormat | None = None  # what its synthesis comes in, known once it starts
     buffer: AudioBuffer | None = None
     producer: asyncio.Task[None] | None = None
     player: asyncio.Task[None] | None = None
@@ -299,8 +302,8 @@ class Scheduler:
     def _start_producer(self, utt: Utterance) -> None:
         if utt.req.audio is not None:
             return  # nothing to synthesize: the audio is played as it came
-        rate = self.engine.audio_format(utt.req.voice).rate
-        utt.buffer = AudioBuffer(int(self.settings.buffer_seconds * rate))
+        utt.fmt = self.engine.audio_format(utt.req.voice)
+        utt.buffer = AudioBuffer(int(self.settings.buffer_seconds * utt.fmt.rate))
         utt.req.timeline.started = time.monotonic()
         utt.producer = asyncio.create_task(self._produce(utt), name=f"herald-synth-{utt.req.id}")
 
@@ -308,30 +311,18 @@ class Scheduler:
         req, buffer = utt.req, utt.buffer
         assert buffer is not None
         opts = req.options(self.synthesis)
-        rate = self.engine.audio_format(req.voice).rate
-        owed = 0.0  # the pause after the last passage: said only if another one follows
         error: BaseException | None = None
         try:
-            passages = req.passages().__aiter__()
-            while True:
-                utt.waiting_text = req.stream is not None
-                try:
-                    passage = await anext(passages)
-                except StopAsyncIteration:
-                    break
-                finally:
-                    utt.waiting_text = False
-                    self._progress()
-                said = False
-                async for chunk in self.engine.stream(passage.text, req.voice, opts,
-                                                      req.text_format):
-                    if not said and owed > 0:
-                        await buffer.put(pause_chunk(owed, rate))
-                    said = True
+            if req.stream is None:
+                chunks = self.engine.stream(req.text, req.voice, opts, req.text_format)
+            else:
+                planner = self.engine.planner(req.voice, opts, req.text_format)
+                chunks = self.engine.stream_steps(self._arriving(utt, req.stream.steps(planner)),
+                                                  req.voice, opts)
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
                     self._progress()
                     await buffer.put(chunk)
-                if said:
-                    owed = passage.pause_after(opts.sentence_silence, opts.paragraph_silence)
         except asyncio.CancelledError:
             buffer.abort()
             raise
@@ -340,6 +331,22 @@ class Scheduler:
         finally:
             req.timeline.synth_done = time.monotonic()
         buffer.finish(error)
+
+    async def _arriving(self, utt: Utterance, batches: AsyncGenerator[list[Step], None]
+                        ) -> AsyncGenerator[list[Step], None]:
+        """A streamed text's sentences, with the wait for each marked as waiting for text
+        (time the watchdog must not count as synthesis stuck)."""
+        async with contextlib.aclosing(batches):
+            while True:
+                utt.waiting_text = True
+                try:
+                    steps = await anext(batches)
+                except StopAsyncIteration:
+                    return
+                finally:
+                    utt.waiting_text = False
+                    self._progress()
+                yield steps
 
     async def _play(self, utt: Utterance) -> None:
         req, t = utt.req, utt.req.timeline
@@ -353,9 +360,9 @@ class Scheduler:
         else:
             if utt.producer is None:
                 self._start_producer(utt)
-            assert utt.buffer is not None
+            assert utt.buffer is not None and utt.fmt is not None
             voice = req.voice or self.engine.catalog.default
-            fmt = self.engine.audio_format(voice)
+            fmt = utt.fmt
             source = self._synthesized(utt.buffer)
         self._emit("started", req)
         log.info("%s started (queue %.0f ms)", req.id, (time.monotonic() - t.received) * 1000)

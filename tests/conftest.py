@@ -1,10 +1,12 @@
-"""Real parts for the tests: a Mosquitto broker on a free loopback port, ALSA's ``file``
-plugin standing in for a sound card, and the default voice loaded once per session."""
+"""Real parts for the tests: a Mosquitto broker on a free loopback port (plain or TLS), ALSA's
+``file`` plugin standing in for a sound card, a socket standing in for systemd's notification
+socket, and the default voice loaded once per session."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,19 +20,53 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
+class BrokerTls:
+    """A test CA and the broker certificate it signed (for 127.0.0.1 and localhost)."""
+
+    ca: Path  # what a client configures as the CA it trusts
+    cert: Path  # the broker's certificate chain
+    key: Path
+
+
+def make_tls(directory: Path) -> BrokerTls:
+    """A fresh CA (``trustme``) and a broker certificate from it, as PEM files."""
+    try:
+        import trustme
+    except ImportError:
+        pytest.fail("trustme is not installed: run scripts/setup --test", pytrace=False)
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1", "localhost")
+    tls = BrokerTls(directory / "ca.pem", directory / "broker.pem", directory / "broker.key")
+    ca.cert_pem.write_to_path(str(tls.ca))
+    issued.private_key_pem.write_to_path(str(tls.key))
+    tls.cert.write_bytes(b"".join(blob.bytes() for blob in issued.cert_chain_pems))
+    return tls
+
+
+@dataclass
 class Broker:
-    """A Mosquitto process that can be killed and started again on the same port."""
+    """A Mosquitto process that can be killed and started again on the same port. With
+    ``tls``, its one listener speaks MQTT over TLS only; with ``password_file``, it wants a
+    user name and password. ``log()`` is Mosquitto's own log."""
 
     port: int
     workdir: Path
     proc: subprocess.Popen[bytes] | None = None
+    tls: BrokerTls | None = None
+    password_file: Path | None = None  # mosquitto_passwd's file: no anonymous clients
 
     def start(self) -> None:
         conf = self.workdir / "mosquitto.conf"
+        tls = (f"certfile {self.tls.cert}\nkeyfile {self.tls.key}\n" if self.tls else "")
+        auth = (f"allow_anonymous false\npassword_file {self.password_file}\n"
+                if self.password_file else "allow_anonymous true\n")
         conf.write_text(
-            f"user root\nlistener {self.port} 127.0.0.1\nallow_anonymous true\n"
+            f"user root\nlistener {self.port} 127.0.0.1\n{tls}{auth}"
             f"persistence true\npersistence_location {self.workdir}/\n"
             "max_queued_messages 10000\n"
+            f"log_dest file {self.workdir}/mosquitto.log\n"
+            "log_type error\nlog_type warning\nlog_type notice\nlog_type information\n"
         )
         self.proc = subprocess.Popen(["mosquitto", "-c", str(conf)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -42,12 +78,31 @@ class Broker:
             self.proc.wait(5)
         self.proc = None
 
+    def log(self) -> str:
+        path = self.workdir / "mosquitto.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _need_mosquitto() -> None:
+    if not shutil.which("mosquitto"):
+        pytest.fail("mosquitto is not installed: run scripts/setup --test")
+
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[Broker]:
-    if not shutil.which("mosquitto"):
-        pytest.fail("mosquitto is not installed: run scripts/setup --test")
+    _need_mosquitto()
     b = Broker(free_port(), tmp_path / "broker")
+    b.workdir.mkdir()
+    b.start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def tls_broker(tmp_path: Path) -> Iterator[Broker]:
+    """A broker that takes only TLS connections; ``tls_broker.tls.ca`` is the CA to trust."""
+    _need_mosquitto()
+    b = Broker(free_port(), tmp_path / "broker", tls=make_tls(tmp_path / "pki"))
     b.workdir.mkdir()
     b.start()
     yield b
@@ -65,17 +120,22 @@ class AlsaFile:
         return self.out.read_bytes() if self.out.exists() else b""
 
 
-def alsa_file_env(directory: Path) -> AlsaFile:
+def alsa_env(directory: Path, target: Path) -> dict[str, str]:
+    """This environment, with ALSA's default PCM writing raw PCM into ``target`` (a file or
+    a FIFO) through the ``file`` plugin in front of the null PCM."""
     directory.mkdir(parents=True, exist_ok=True)
-    out = directory / "out.raw"
     system = Path("/usr/share/alsa/alsa.conf")
     conf = directory / "alsa.conf"
     conf.write_text(
         system.read_text()
-        + f'\npcm.!default {{ type file slave.pcm "null" file "{out}" format "raw" }}\n'
+        + f'\npcm.!default {{ type file slave.pcm "null" file "{target}" format "raw" }}\n'
     )
-    env = dict(os.environ, ALSA_CONFIG_PATH=str(conf))
-    return AlsaFile(env, out)
+    return dict(os.environ, ALSA_CONFIG_PATH=str(conf))
+
+
+def alsa_file_env(directory: Path) -> AlsaFile:
+    out = directory / "out.raw"
+    return AlsaFile(alsa_env(directory, out), out)
 
 
 @pytest.fixture
@@ -94,3 +154,36 @@ def catalog():  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def synth(catalog):  # type: ignore[no-untyped-def]
     return catalog.synthesizer()
+
+
+@pytest.fixture
+def engine(catalog):  # type: ignore[no-untyped-def]
+    """The daemon's engine on the session's voices: one torch thread, two chunks at once."""
+    from daemon.engine import Engine, EngineSettings
+
+    eng = Engine(catalog, EngineSettings(threads=1, workers=2))
+    yield eng
+    eng.close()
+
+
+class NotifySocket:
+    """Stands in for systemd's notification socket (``NOTIFY_SOCKET``): what herald sends."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = str(path)  # "\0name": an abstract socket
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+
+    def received(self, timeout: float = 0.0) -> list[str]:
+        """Every datagram waiting (after up to ``timeout`` for the first)."""
+        out = []
+        self.sock.settimeout(timeout or 0.001)
+        while True:
+            try:
+                out.append(self.sock.recv(4096).decode())
+            except (TimeoutError, BlockingIOError):
+                return out
+            self.sock.settimeout(0.001)
+
+    def close(self) -> None:
+        self.sock.close()

@@ -11,6 +11,7 @@ to ``out``. ALSA's null/file plugins take audio as fast as it is written; the pa
 the device consume in real time, like hardware, so pre-roll, underruns, cut and drain mean
 what they mean on a real speaker. It must be reading before sounddevice is imported
 (PortAudio opens the default PCM while it scans devices, and the FIFO blocks until read).
+The tests also run a pacer of their own in front of a ``herald run`` (tests/test_speaker.py).
 """
 
 from __future__ import annotations
@@ -32,20 +33,37 @@ F_SETPIPE_SZ = 1031
 
 
 class Pacer:
-    """Reads a FIFO at a fixed byte rate: a stand-in for a sound card's clock."""
+    """Reads a FIFO at a fixed byte rate: a stand-in for a sound card's clock.
+
+    By default ``out`` holds only what was written, back to back. With ``silence_after``
+    (seconds) the clock never stops: once nothing has been written for that long (the
+    stream stopped between utterances, or isn't open), it records zeros for all the time
+    that passes without audio, from the moment the audio stopped, as a sound card plays
+    silence. ``out`` is then what a listener heard, second for second: a pause between two
+    utterances is a run of zeros as long as the pause. A shorter lull is taken for the
+    writer running late (a loaded test machine descheduling herald's audio thread) and the
+    clock waits for it, like a device with that much more buffer.
+    """
 
     def __init__(self, fifo: str, out: str, bytes_per_second: float,
-                 hold: dict[str, float] | None = None) -> None:
+                 hold: dict[str, float] | None = None,
+                 silence_after: float | None = None) -> None:
         self.fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
         fcntl.fcntl(self.fd, F_SETPIPE_SZ, 4096)
-        os.set_blocking(self.fd, True)
-        self.out = open(out, "wb")  # noqa: SIM115 - closed at exit
+        # Blocking reads wait for the writer; the clock that records silence must notice
+        # that nobody writes.
+        os.set_blocking(self.fd, silence_after is None)
+        self.out = open(out, "wb")  # noqa: SIM115 - closed by stop() or at exit
         self.rate = bytes_per_second
+        self.silence_after = silence_after
         self.consumed = 0
+        self.last_empty = 0.0  # monotonic time the FIFO was last found empty (silence_after)
         # {"after_bytes": N, "seconds": S}: stop reading for S seconds once N bytes are in,
         # like a sound card whose driver hangs.
         self.hold = hold
-        threading.Thread(target=self._run, daemon=True, name="pacer").start()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="pacer")
+        self._thread.start()
 
     async def quiet(self, settle: float = 0.3) -> None:
         """Wait until nothing has arrived for ``settle`` seconds."""
@@ -55,16 +73,38 @@ class Pacer:
             if self.consumed != seen:
                 seen, since = self.consumed, time.monotonic()
 
+    def stop(self) -> None:
+        """Stop the clock and close the FIFO and the output file."""
+        self._stop.set()
+        self._thread.join(5)
+        os.close(self.fd)
+        self.out.close()
+
+    def _record(self, data: bytes) -> None:
+        self.out.write(data)
+        self.out.flush()
+        self.consumed += len(data)
+
     def _run(self) -> None:
-        due = time.monotonic()
-        while True:
-            data = os.read(self.fd, 512)
-            if not data:  # no writer connected right now (between opens)
+        due = time.monotonic()  # when the audio taken so far has been played
+        lull: float | None = None  # since when nothing was written
+        while not self._stop.is_set():
+            try:
+                data = os.read(self.fd, 512)
+            except BlockingIOError:  # a writer is connected but has nothing for us
+                data = b""
+            if not data:  # nothing written right now (between opens, or between streams)
+                if self.silence_after is not None:
+                    now = self.last_empty = time.monotonic()
+                    lull = now if lull is None else lull
+                    owed = int((now - due) * self.rate) // 2 * 2
+                    if now - lull > self.silence_after and owed > 0:
+                        self._record(bytes(owed))
+                        due += owed / self.rate
                 time.sleep(0.005)
                 continue
-            self.out.write(data)
-            self.out.flush()
-            self.consumed += len(data)
+            lull = None
+            self._record(data)
             if self.hold and self.consumed >= self.hold["after_bytes"]:
                 time.sleep(self.hold["seconds"])
                 self.hold = None

@@ -18,14 +18,13 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+from audio_checks import assert_speech, pcm16, reference_pcm
 from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.context import Context
-from daemon.engine import Engine, EngineSettings
 from daemon.fronts.http import HttpFront, HttpSettings, _unique_filename
 from daemon.metrics import LatencyRecord, Metrics
-from tests.audio_checks import assert_speech, pcm16
-from tts import SynthesisOptions, to_pcm16
+from tts import SynthesisOptions
 
 SHORT = "Hello there."
 # One long sentence and two more: several seconds of audio, a second or more of synthesis.
@@ -55,17 +54,9 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def engine(catalog):  # type: ignore[no-untyped-def]
-    eng = Engine(catalog, EngineSettings(threads=1, workers=2))
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
 def long_reference(catalog) -> bytes:  # type: ignore[no-untyped-def]
     """PCM of LONG with the test seed, synthesized straight through tts (no HTTP)."""
-    synth = catalog.synthesizer()
-    return b"".join(to_pcm16(c.samples) for c in synth.stream(LONG, SynthesisOptions(seed=SEED)))
+    return reference_pcm(catalog.synthesizer(), LONG, SynthesisOptions(seed=SEED))
 
 
 @pytest.fixture
@@ -349,7 +340,7 @@ async def test_metrics_count_requests(start) -> None:  # type: ignore[no-untyped
 BAD_REQUESTS = [
     # (id, path, request kwargs, status, words the error must contain)
     ("invalid json", "/tts", {"data": b'{"text": "hi"', "headers": {
-        "Content-Type": "application/json"}}, 400, "invalid JSON"),
+        "Content-Type": "application/json"}}, 400, "malformed JSON"),
     ("invalid utf-8 json", "/tts", {"data": b'{"text": "caf\xe9"}', "headers": {
         "Content-Type": "application/json"}}, 400, "not valid UTF-8"),
     ("invalid utf-8 form", "/tts", {"data": b"text=caf%E9", "headers": {
@@ -375,7 +366,7 @@ BAD_REQUESTS = [
     ("text too long", "/tts", {"json": {"text": "word " * 20}}, 413, "limit is 50"),
     ("batch too big", "/tts/batch", {"json": [{"text": "hi"}] * 51}, 413, "limit is 50"),
     ("batch item bad", "/tts/batch", {"json": [{"text": "hi"}, {"text": ""}]}, 400,
-     "item 1: 'text' is empty"),
+     "item 1: empty 'text'"),
     ("batch empty", "/tts/batch", {"json": []}, 400, "empty"),
     ("malformed ssml", "/tts", {"json": {"text": "<speak>hi <break></speak>",
                                          "format": "ssml"}}, 400, "malformed SSML at line 1"),

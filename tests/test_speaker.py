@@ -1,13 +1,16 @@
 """The speaker sink through the real path: sounddevice -> PortAudio -> ALSA -> a file.
 
-The sink runs in a subprocess (tests/speaker_driver.py) because PortAudio reads the ALSA
-configuration when sounddevice is imported. Two kinds of fake sound card:
+The sink runs in a subprocess (tests/speaker_driver.py, or a whole ``herald run``) because
+PortAudio reads the ALSA configuration when sounddevice is imported. Three kinds of fake
+sound card:
 
 * ``alsa_file`` (conftest): ALSA's file plugin in front of the null PCM. It swallows audio as
   fast as it is written, so it tests what doesn't depend on a clock.
 * ``paced``: the same file plugin writing into a FIFO that the driver reads at the device's
   byte rate. That is a sound card's clock: pre-roll, underruns, cut and "returned after the
   audio drained" mean here what they mean on hardware.
+* ``listener`` (at the end): a paced device whose clock never stops, in front of a
+  ``herald run``, for what the scheduler's interrupt and prefetch sound like.
 
 Speech comes from the real default voice (seeded), so the checks are on real audio.
 """
@@ -18,15 +21,22 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from audio_checks import assert_speech
+from audio_checks import PCM_TOLERANCE, as_samples, assert_pcm_close, assert_speech, reference_pcm
+from conftest import ROOT, Broker, alsa_env, free_port
+from herald_process import HeraldProcess, herald_env, start_herald
+from mqtt_client import BASE, DEVICE, WAIT, Client
+from speaker_driver import Pacer
 
-ROOT = Path(__file__).resolve().parent.parent
+from tts import SynthesisOptions
+
 DRIVER = Path(__file__).with_name("speaker_driver.py")
 RATE = 22050
 PIPE_BYTES = 4096  # the paced FIFO's size: what may still sit between "drained" and the pacer
@@ -52,11 +62,7 @@ def paced_device(directory: Path, rate: int) -> Paced:
     directory.mkdir(parents=True, exist_ok=True)
     fifo, out = directory / "device.fifo", directory / "out.raw"
     os.mkfifo(fifo)
-    conf = directory / "alsa.conf"
-    conf.write_text(Path("/usr/share/alsa/alsa.conf").read_text()
-                    + f'\npcm.!default {{ type file slave.pcm "null" file "{fifo}" '
-                    'format "raw" }\n')
-    return Paced(dict(os.environ, ALSA_CONFIG_PATH=str(conf)), fifo, out, rate * 2)
+    return Paced(alsa_env(directory, fifo), fifo, out, rate * 2)
 
 
 def run_driver(spec: dict[str, Any], env: dict[str, str], directory: Path,
@@ -67,10 +73,6 @@ def run_driver(spec: dict[str, Any], env: dict[str, str], directory: Path,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"driver failed:\n{proc.stdout}\n{proc.stderr}"
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-
-
-def pcm_array(data: bytes) -> np.ndarray:
-    return np.frombuffer(data[: len(data) // 2 * 2], dtype="<i2").astype(np.int32)
 
 
 def first_nonzero(x: np.ndarray) -> int:
@@ -87,14 +89,11 @@ def align(out: np.ndarray, ref: np.ndarray) -> int:
 
 @pytest.fixture(scope="module")
 def speech(synth, tmp_path_factory) -> dict[str, Path]:  # type: ignore[no-untyped-def]
-    from tts import SynthesisOptions, to_pcm16
-
     directory = tmp_path_factory.mktemp("speech")
     files = {}
     for name, text in (("long", LONG), ("short", SHORT)):
-        pcm = b"".join(to_pcm16(c.samples) for c in synth.stream(text, SynthesisOptions(seed=3)))
         files[name] = directory / f"{name}.raw"
-        files[name].write_bytes(pcm)
+        files[name].write_bytes(reference_pcm(synth, text, SynthesisOptions(seed=3)))
     return files
 
 
@@ -136,8 +135,8 @@ def paced_run(speech, tmp_path_factory) -> dict[str, Any]:  # type: ignore[no-un
     bounds = [r["consumed_before"] for r in per_play] + [tail["consumed_total"]]
     run: dict[str, Any] = {}
     for i, (name, play) in enumerate(plays.items()):
-        run[name] = dict(per_play[i], input=pcm_array(Path(play["pcm"]).read_bytes()),
-                         output=pcm_array(device[bounds[i]:bounds[i + 1]]),
+        run[name] = dict(per_play[i], input=as_samples(Path(play["pcm"]).read_bytes()),
+                         output=as_samples(device[bounds[i]:bounds[i + 1]]),
                          behind_at_return=bounds[i + 1] - per_play[i]["consumed_at_return"])
     return run
 
@@ -315,10 +314,10 @@ def test_resamples_when_the_device_runs_at_another_rate(speech, tmp_path: Path) 
                                   plays=[{"pcm": str(speech["short"]), "rate": RATE}]),
                          dev.env, tmp_path)
     r = results[0]
-    x = pcm_array(speech["short"].read_bytes())
+    x = as_samples(speech["short"].read_bytes())
     assert r["error"] is None
     assert r["stats"]["device_rate"] == 48000 and r["stats"]["samples"] == len(x)
-    out = pcm_array(dev.out.read_bytes())
+    out = as_samples(dev.out.read_bytes())
     # 22 050 -> 48 000 is 147 -> 320: pad to whole periods so the reference maps time exactly.
     padded = np.concatenate([x, np.zeros(-len(x) % 147, dtype=x.dtype)])
     n_out = len(padded) * 320 // 147
@@ -357,9 +356,9 @@ def test_missing_device_is_reported_and_a_good_one_still_plays(  # type: ignore[
     assert "retrying in" in fast["error"]
     assert "retrying in" not in retried["error"]
     assert good["error"] is None
-    x = pcm_array(speech["short"].read_bytes())
+    x = as_samples(speech["short"].read_bytes())
     assert good["stats"]["samples"] == len(x) and good["stats"]["underruns"] == 0
-    out = pcm_array(alsa_file.pcm())
+    out = as_samples(alsa_file.pcm())
     start = align(out, x)
     assert np.array_equal(out[start:start + len(x)], x)
 
@@ -373,12 +372,210 @@ def test_device_faster_than_real_time_does_not_spin_on_silence(  # type: ignore[
         "plays": [{"pcm": str(speech["short"]), "rate": RATE, "slow": 0.1,
                    "chunk_bytes": 2205 * 2}]}, alsa_file.env, alsa_file.out.parent)
     r = results[0]
-    x = pcm_array(speech["short"].read_bytes())
+    x = as_samples(speech["short"].read_bytes())
     assert r["error"] is None and r["stats"]["samples"] == len(x)
     chunks = -(-len(x) // 2205)
     assert 1 <= r["stats"]["underruns"] <= chunks
-    out = pcm_array(alsa_file.pcm())
+    out = as_samples(alsa_file.pcm())
     # Each starvation may add park_ms of silence plus PortAudio's start-up buffer.
     per_restart = int(0.1 * RATE) + int(0.2 * RATE)
     assert len(out) <= len(x) + (r["stats"]["underruns"] + 1) * per_restart, len(out)
     assert np.count_nonzero(out) >= np.count_nonzero(x), "audio went missing"
+
+
+# ------------------------------------- herald run: what a listener hears from the queue
+#
+# The scheduler's interrupt and prefetch, end to end: MQTT say -> herald run -> scheduler ->
+# speaker sink -> PortAudio -> ALSA -> a paced device whose clock never stops (it records
+# silence while nothing is written, as a sound card plays it; see Pacer), so the recording
+# is what a listener heard, second for second. Each say's audio is compared with the
+# engine's own synthesis of it (seeded): heard whole, heard cut short, and how much silence
+# between.
+#
+# The speaker's pre-roll (5 s) is longer than these utterances, except the one that gets cut
+# after 5 s of it are ready, so an utterance starts playing only once all of it is
+# synthesized: no underrun puts silence inside it, and the silence between two of them is
+# the device's restart plus the wait for the second one to be ready. With prefetch there is
+# no wait (0.18 s of silence in all, measured here); without it the listener would hear the
+# whole synthesis of the second one as well (0.5 to 1.0 s here, with scheduler.prefetch off).
+
+PAUSE = 0.4  # synthesis.paragraph_silence: the pause between two paragraphs of one say
+QUEUED = ("The washing machine has finished its program.",
+          "Please take the laundry out of the machine before it starts to smell, and hang it "
+          "up outside.")
+INTERRUPTED = ("This announcement about the weather goes on for quite a while, so that "
+               "something more urgent can cut it short.")
+URGENT = "Someone is at the front door."
+STALL = 0.2  # the device waits this long for a writer running late before playing silence
+FADE = int(0.015 * RATE)  # speaker.fade_ms
+LOUD = 100  # a sample this far from zero is sound, not a rounding step
+
+
+@dataclass
+class Listener:
+    """A ``herald run`` playing into the paced device, and an MQTT client to ask it."""
+
+    herald: HeraldProcess
+    client: Client
+    device: Pacer
+
+    def mark(self) -> int:
+        """A position in the recording (bytes): what is heard from now on starts there."""
+        return self.device.consumed // 2 * 2
+
+    def heard(self, since: int) -> np.ndarray:
+        return as_samples(self.device_file.read_bytes()[since:])
+
+    @property
+    def device_file(self) -> Path:
+        return Path(self.device.out.name)
+
+    def wait_heard(self, since: int, samples: int) -> None:
+        """Until ``samples`` sound samples have been heard since ``since``."""
+        deadline = time.monotonic() + WAIT
+        while np.count_nonzero(self.heard(since)) < samples:
+            assert time.monotonic() < deadline, "nothing heard:\n" + self.herald.tail()
+            time.sleep(0.05)
+
+    def drained(self) -> None:
+        """Until the device has taken everything herald wrote before now (the FIFO was
+        found empty since)."""
+        now = time.monotonic()
+        deadline = now + WAIT
+        while self.device.last_empty <= now:
+            assert time.monotonic() < deadline, "the device never ran dry"
+            time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def listener(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Listener]:
+    tmp = tmp_path_factory.mktemp("listener")
+    broker = Broker(free_port(), tmp / "broker")
+    broker.workdir.mkdir()
+    broker.start()
+    fifo = tmp / "device.fifo"
+    os.mkfifo(fifo)
+    # The clock must be reading before herald's PortAudio opens the device.
+    device = Pacer(str(fifo), str(tmp / "heard.raw"), RATE * 2, silence_after=STALL)
+    config = tmp / "herald.toml"
+    config.write_text(f"""
+device_id = "{DEVICE}"
+[mqtt]
+host = "127.0.0.1"
+port = {broker.port}
+[synthesis]
+paragraph_silence = {PAUSE}
+[speaker]
+preroll_ms = 5000
+[wyoming]
+enabled = false
+[http]
+enabled = false
+""")
+    herald = start_herald(config, tmp / "herald.log", herald_env(base=alsa_env(tmp, fifo)))
+    client = None
+    try:
+        client = Client(broker.port)
+        client.wait_online()
+        yield Listener(herald, client, device)
+        assert herald.proc.poll() is None, "herald died:\n" + herald.tail()
+    finally:
+        if client is not None:
+            client.close()
+        herald.kill()
+        device.stop()
+        broker.stop()
+        print(herald.tail())
+
+
+def locate(heard: np.ndarray, ref: np.ndarray, start: int) -> int:
+    """Where ``ref`` starts in ``heard``, at or after ``start``: lined up on the first
+    loud sample, then on the offset nearby that matches best (within rounding, the onset
+    may cross the threshold a sample or two apart)."""
+    onset = int(np.flatnonzero(np.abs(ref) > LOUD)[0])
+    loud = np.flatnonzero(np.abs(heard[start + onset:]) > LOUD)
+    assert len(loud), "not heard at all"
+    guess = start + onset + int(loud[0])  # where ref[onset] seems to be
+    span = min(len(ref) - onset, RATE // 2)
+
+    def mismatch(at: int) -> int:
+        got = heard[at:at + span]
+        if at < start or len(got) < span:
+            return 1 << 30
+        return int(np.abs(got - ref[onset:onset + span]).max())
+
+    return min(range(guess - 20, guess + 21), key=mismatch) - onset
+
+
+def heard_as_synthesized(heard: np.ndarray, ref: np.ndarray) -> int:
+    """How many samples from the start of ``heard`` are ``ref``'s, within rounding."""
+    n = min(len(heard), len(ref))
+    off = np.flatnonzero(np.abs(heard[:n] - ref[:n]) > PCM_TOLERANCE)
+    return int(off[0]) if len(off) else n
+
+
+def test_interrupt_is_heard_cut_short_and_the_interrupting_say_whole(
+        listener: Listener, synth: Any) -> None:
+    """A say with "mode": "interrupt" while another is being heard: the listener hears the
+    first as synthesized up to the cut, its fade-out, then the interrupting say in full."""
+    c = listener.client
+    long = as_samples(reference_pcm(synth, INTERRUPTED, SynthesisOptions(seed=11)))
+    urgent = as_samples(reference_pcm(synth, URGENT, SynthesisOptions(seed=12)))
+    since = listener.mark()
+    c.say(id="long", text=INTERRUPTED, seed=11)
+    listener.wait_heard(since, RATE // 2)  # half a second of it has been heard
+    c.say(id="urgent", text=URGENT, seed=12, mode="interrupt")
+    assert c.wait_event("urgent")["event"] == "finished"
+    assert [e["event"] for e in c.events("long")] == ["queued", "started", "stopped"]
+    evs = [(e["id"], e["event"]) for e in c.events() if e["id"] in ("long", "urgent")]
+    assert evs.index(("long", "stopped")) < evs.index(("urgent", "started"))
+    listener.drained()
+    heard = listener.heard(since)
+
+    start = locate(heard, long, 0)
+    cut = heard_as_synthesized(heard[start:], long)
+    # Heard as synthesized up to the cut (at least the half second waited for), then
+    # cut short: not even half of it.
+    assert RATE // 2 <= cut < len(long) // 2, f"{cut / RATE:.2f} s of {len(long) / RATE:.2f} s"
+    # After the cut, at most the fade-out, then silence until the urgent say...
+    after = start + cut + FADE + 1
+    urgent_at = locate(heard, urgent, after)
+    tail = np.count_nonzero(heard[start + cut:urgent_at])
+    assert tail <= FADE + 1, f"{tail} samples more of it were heard"
+    assert not heard[after:urgent_at].any()
+    # ...which is heard whole, and nothing after it.
+    assert_pcm_close(heard[urgent_at:urgent_at + len(urgent)], urgent, "the urgent say")
+    assert not heard[urgent_at + len(urgent):].any()
+
+
+def test_queued_says_follow_each_other_without_a_gap(listener: Listener, synth: Any) -> None:
+    """Two says queued at once: both heard whole, in order, the second synthesized while the
+    first played, so no longer apart than two paragraphs of one say."""
+    c = listener.client
+    first, second = (as_samples(reference_pcm(synth, text, SynthesisOptions(seed=seed)))
+                     for text, seed in zip(QUEUED, (21, 22)))
+    since = listener.mark()
+    c.say(id="q1", text=QUEUED[0], seed=21)
+    c.say(id="q2", text=QUEUED[1], seed=22)
+    assert c.wait_event("q2")["event"] == "finished"
+    assert c.wait_event("q1")["event"] == "finished"
+    one, two = (c.wait(lambda ms, rid=rid: next((m.json() for m in ms
+                                                 if m.topic == f"{BASE}/latency"
+                                                 and m.json()["id"] == rid), None),
+                       what=f"the latency record of {rid}") for rid in ("q1", "q2"))
+    # By herald's own clock, the second was synthesized whole before the first had played
+    # (both received at once, give or take the broker's milliseconds, against seconds).
+    assert two["queue_ms"] + two["synth_ms"] < one["first_audio_ms"] + one["audio_ms"], (
+        one, two)
+    listener.drained()
+    heard = listener.heard(since)
+
+    a = locate(heard, first, 0)
+    assert_pcm_close(heard[a:a + len(first)], first, "the first say")
+    b = locate(heard, second, a + len(first))
+    assert_pcm_close(heard[b:b + len(second)], second, "the second say")
+    assert not heard[b + len(second):].any()
+    # Between them only silence, and no more than between two paragraphs of one say.
+    gap = heard[a + len(first):b]
+    assert not gap.any()
+    assert len(gap) <= PAUSE * RATE, f"{len(gap) / RATE:.3f} s of silence between them"

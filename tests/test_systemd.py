@@ -21,9 +21,12 @@ import socket
 import struct
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import NotifySocket
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "herald.service"
@@ -61,53 +64,40 @@ def test_unit_is_a_notify_service_with_a_watchdog() -> None:
 # ------------------------------------------------------------------------- sd_notify
 
 @pytest.fixture
-def notify_socket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    path = tmp_path / "notify"
-    sock.bind(str(path))
-    sock.settimeout(2.0)
-    monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+def notify_socket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[NotifySocket]:
+    sock = NotifySocket(tmp_path / "notify")
+    monkeypatch.setenv("NOTIFY_SOCKET", str(sock.path))
     monkeypatch.delenv("WATCHDOG_USEC", raising=False)
     monkeypatch.delenv("WATCHDOG_PID", raising=False)
     yield sock
     sock.close()
 
 
-def received(sock: socket.socket, timeout: float = 0.0) -> list[str]:
-    """Every datagram waiting (after ``timeout`` for the first)."""
-    out = []
-    sock.settimeout(timeout or 0.001)
-    while True:
-        try:
-            out.append(sock.recv(4096).decode())
-        except (TimeoutError, BlockingIOError):
-            return out
-        sock.settimeout(0.001)
-
-
-def test_ready_status_stopping_reach_the_notify_socket(notify_socket: socket.socket) -> None:
+def test_ready_status_stopping_reach_the_notify_socket(notify_socket: NotifySocket) -> None:
     from daemon import systemd
 
     assert systemd.ready("serving on 10200") is True
     assert systemd.status("speaking,\n2 queued") is True
     assert systemd.stopping() is True
-    assert received(notify_socket, 2.0) == ["READY=1\nSTATUS=serving on 10200",
-                                            "STATUS=speaking, 2 queued", "STOPPING=1"]
+    assert notify_socket.received(2.0) == ["READY=1\nSTATUS=serving on 10200",
+                                           "STATUS=speaking, 2 queued", "STOPPING=1"]
 
 
-def test_fallback_writer_speaks_the_same_protocol(notify_socket: socket.socket,
+def test_fallback_writer_speaks_the_same_protocol(notify_socket: NotifySocket,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from daemon import systemd
 
     assert systemd._notify_socket("STATUS=by hand") is True
-    assert received(notify_socket, 2.0) == ["STATUS=by hand"]
+    assert notify_socket.received(2.0) == ["STATUS=by hand"]
     # Abstract-namespace sockets are written "@name" in NOTIFY_SOCKET.
     name = f"herald-test-{os.getpid()}"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as abstract:
-        abstract.bind("\0" + name)
+    abstract = NotifySocket("\0" + name)
+    try:
         monkeypatch.setenv("NOTIFY_SOCKET", "@" + name)
         assert systemd._notify_socket("READY=1") is True
-        assert received(abstract, 2.0) == ["READY=1"]
+        assert abstract.received(2.0) == ["READY=1"]
+    finally:
+        abstract.close()
 
 
 def test_notifications_are_no_ops_outside_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,34 +119,103 @@ def test_watchdog_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch)
     assert systemd.watchdog_interval() is None and not systemd.watchdog_enabled()
 
 
-async def test_watchdog_pets_only_while_work_progresses(notify_socket: socket.socket,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_watchdog_pets_only_while_work_progresses(
+        notify_socket: NotifySocket, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The watchdog looks every interval/2 and pets only if herald is idle or made progress
+    within stall_after. The test doesn't guess how many looks fit into a stretch of time:
+    busy() is called once per look, so the test sees every look and whether it petted (a
+    look's datagram is in the socket before the next look). A busy machine only makes the
+    test slower. The one comparison of times, "it did not give up before stall_after had
+    passed", only gets easier when the loop runs late."""
     from daemon import systemd
 
-    monkeypatch.setenv("WATCHDOG_USEC", "200000")  # pets every 0.1 s
+    monkeypatch.setenv("WATCHDOG_USEC", "200000")  # WatchdogSec=0.2: a look every 0.1 s
     monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
     busy = True
-    dog = systemd.Watchdog(busy=lambda: busy)
-    assert dog.interval == 0.2
+    looks: list[bool | None] = []  # per look: did it pet? None until the next look or drain
+    sent: list[str] = []
+
+    def collect() -> None:
+        """Move what the watchdog sent into ``sent``; settles the latest look's outcome."""
+        got = notify_socket.received()
+        sent.extend(got)
+        if looks and looks[-1] is None:
+            looks[-1] = "WATCHDOG=1" in got
+        else:
+            assert not got, f"sent without a look: {got}"
+
+    def is_busy() -> bool:
+        collect()
+        looks.append(None)
+        return busy
+
+    async def until(condition: Callable[[], object], what: str) -> None:
+        try:
+            async with asyncio.timeout(30):  # a hang guard, not a time limit on the watchdog
+                while True:
+                    collect()
+                    if condition():
+                        return
+                    await asyncio.sleep(0.01)
+        except TimeoutError:
+            pytest.fail(f"no {what} within 30 s; looks: {looks}")
+
+    def logged(text: str, since: int) -> list[logging.LogRecord]:
+        return [r for r in caplog.records[since:] if text in r.getMessage()]
+
+    caplog.set_level(logging.INFO, logger="herald.systemd")
+    dog = systemd.Watchdog(busy=is_busy)
+    assert dog.interval == 0.2 and dog.stall_after == 0.2  # stall_after: the whole interval
+    progressing = True
+    last_progress = 0.0  # wall clock (as log records have it), taken just before progress()
+
+    async def work() -> None:  # a synthesis making progress, chunk after chunk
+        nonlocal last_progress
+        while progressing:
+            last_progress = time.time()
+            dog.progress()
+            await asyncio.sleep(0.02)
+
+    worker = asyncio.create_task(work())
     dog.start()
     try:
-        # Busy and progressing: pets.
-        for _ in range(12):
-            dog.progress()
-            await asyncio.sleep(0.05)
-        pets = received(notify_socket)
-        assert pets.count("WATCHDOG=1") >= 2 and set(pets) == {"WATCHDOG=1"}
-        # Busy, no progress (a hung synthesis): once stall_after (0.2 s) has passed, no pets.
-        await asyncio.sleep(0.4)
-        received(notify_socket)  # pets from the grace period
-        await asyncio.sleep(0.6)
-        assert received(notify_socket) == [], "petted while stuck"
-        # Idle again: the loop is healthy, pets resume.
+        # Busy and progressing: it pets (and the latest look did, so it isn't giving up).
+        await until(lambda: looks.count(True) >= 3 and looks[-1] is True,
+                    "pets while progressing")
+
+        # Busy, no progress (a hung synthesis): it gives up, says so, and pets no more.
+        mark = len(caplog.records)
+        progressing = False
+        await worker
+        await until(lambda: looks[-1] is False, "a look without a pet while stuck")
+        gave_up = logged("no longer petting", mark)
+        assert gave_up and gave_up[0].levelno == logging.ERROR, caplog.text
+        assert gave_up[0].created - last_progress > dog.stall_after, "gave up too early"
+        stuck = len(looks)
+        await until(lambda: len(looks) >= stuck + 3 and looks[-1] is not None, "3 more looks")
+        assert not any(looks[stuck - 1:]), "petted while stuck"
+
+        # Progress again: pets resume, and the log says so.
+        mark = len(caplog.records)
+        progressing = True
+        worker = asyncio.create_task(work())
+        await until(lambda: looks[-1] is True, "pets after progress")
+        assert logged("progressing again", mark)
+        progressing = False
+        await worker
+
+        # Idle (nothing in flight): healthy however long ago the last progress was, so
+        # every look pets.
         busy = False
-        await asyncio.sleep(0.35)
-        assert "WATCHDOG=1" in received(notify_socket)
+        idle = len(looks)
+        await until(lambda: len(looks) >= idle + 3 and looks[-1] is not None, "3 idle looks")
+        assert all(looks[idle:]), f"an idle look did not pet: {looks[idle:]}"
+        assert set(sent) == {"WATCHDOG=1"}
     finally:
+        progressing = False
         await dog.stop()
+        await worker
 
 
 # ------------------------------------------------------------------------------ logging

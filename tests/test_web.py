@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from daemon.context import Context
-from daemon.engine import Engine, EngineSettings
+from daemon.engine import Engine
 from daemon.fronts.http import HttpFront, HttpSettings
 from daemon.metrics import Metrics
 
@@ -32,13 +32,6 @@ ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 LONG = ("The quick brown fox jumps over the lazy dog, while the old clock in the hall strikes "
         "the hour and the rain keeps falling on the quiet street outside. It was a bright cold "
         "day in April. The kettle began to sing in the kitchen.")
-
-
-@pytest.fixture(scope="module")
-def engine(catalog):  # type: ignore[no-untyped-def]
-    eng = Engine(catalog, EngineSettings(threads=1, workers=2))
-    yield eng
-    eng.close()
 
 
 async def serve(engine: Engine, **settings: Any) -> HttpFront:

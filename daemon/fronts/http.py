@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import re
 import time
@@ -39,6 +38,7 @@ from tts.text import MarkupError, TextFormat, parse_ssml
 
 from ..context import Context
 from ..metrics import LatencyRecord, Timeline
+from ..request import RequestError, TextTooLong, check_text, json_object, parse_json
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,7 @@ class _Run:
 
     speech: Speech
     t: Timeline
+    fmt: AudioFormat  # the voice's, looked up once
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     samples: int = 0
     answered: bool = False  # the engine produced audio, so the request gets a latency record
@@ -182,6 +183,9 @@ class HttpFront:
             return await handler(request)
         except ApiError as e:
             return self._refuse(request, e)
+        except RequestError as e:  # the checks every front shares
+            status = 413 if isinstance(e, TextTooLong) else 400
+            return self._refuse(request, ApiError(status, str(e)))
         except web.HTTPException as e:  # aiohttp's: unknown path, wrong method, huge body
             if e.status < 400:
                 raise
@@ -253,10 +257,7 @@ class HttpFront:
             return fields
         ctype = request.content_type if hdrs.CONTENT_TYPE in request.headers else ""
         if ctype in ("", "application/json") or ctype.endswith("+json"):
-            body = _json(_utf8(await request.read(), "request body"))
-            if not isinstance(body, dict):
-                raise ApiError(400, 'the JSON body must be an object, like {"text": "Hello"}')
-            fields.update(body)
+            fields.update(json_object(_utf8(await request.read(), "request body")))
         elif ctype == "application/x-www-form-urlencoded":
             text = _utf8(await request.read(), "form body")
             try:
@@ -298,30 +299,25 @@ class HttpFront:
             raise ApiError(400, f"{where}missing {key!r}: the text to speak")
         if not isinstance(value, str):
             raise ApiError(400, f"{where}{key!r} must be a string, not {_kind(value)}")
-        limit = self.settings.max_text_chars
-        if len(value) > limit:
-            raise ApiError(413, f"{where}{key!r} is {len(value)} characters; the limit is "
-                           f"{limit} (http.max_text_chars): split it into several requests")
-        text = _CONTROL.sub(" ", value)
-        if not text.strip():
-            raise ApiError(400, f"{where}{key!r} is empty: nothing to speak")
-        return text
+        return check_text(_CONTROL.sub(" ", value), self.settings.max_text_chars,
+                          "http.max_text_chars", field=repr(key), where=where)
 
     async def _voice(self, name: str | None, speaker: str | int | None) -> str:
-        """The installed voice's name (404 if none); the speaker checked against it (400)."""
-        catalog = self.ctx.engine.catalog
+        """The installed voice asked for by name or language (404 if none); the speaker
+        checked against it (400)."""
+        engine = self.ctx.engine
         try:
-            info = catalog.resolve(name or None)
+            voice = engine.resolve_voice(name)
         except UnknownVoice as e:
             raise ApiError(404, str(e), reason="unknown_voice") from None
         if speaker is not None:
             def check() -> None:  # the loaded voice owns the speaker map; loading may take a while
-                catalog.synthesizer(info.name).voice.speaker_id(speaker)
+                engine.catalog.synthesizer(voice).voice.speaker_id(speaker)
             try:
                 await asyncio.to_thread(check)
             except VoiceError as e:
                 raise ApiError(400, str(e)) from None
-        return info.name
+        return voice
 
     # ------------------------------------------------------------------ synthesis endpoints
 
@@ -375,11 +371,10 @@ class HttpFront:
                 hdrs.CONTENT_DISPOSITION: 'attachment; filename="herald.zip"'})
             await resp.prepare(request)
             sink = _ZipSink()
-            done = 0
-            try:
+            with contextlib.suppress(ConnectionError):  # the client went away: see _measured
                 with zipfile.ZipFile(sink, "w", zipfile.ZIP_STORED) as zf:
                     for speech in items:
-                        run = _Run(speech, Timeline(received=received))
+                        run = self._run(speech, Timeline(received=received))
                         with self._measured(run):
                             try:
                                 pcm = await self._synthesize_all(run)
@@ -387,24 +382,20 @@ class HttpFront:
                                 log.warning("HTTP batch item %s has nothing to pronounce; it "
                                             "gets an empty WAV", speech.filename)
                                 pcm = b""
-                            fmt = self.ctx.engine.audio_format(speech.voice)
                             info = zipfile.ZipInfo(speech.filename, time.localtime()[:6])
-                            zf.writestr(info, wav_bytes(pcm, fmt))
+                            zf.writestr(info, wav_bytes(pcm, run.fmt))
                             await resp.write(sink.drain())
                             run.t.first_audio = time.monotonic()
                             run.outcome = "ok"
-                        done += 1
                 await resp.write(sink.drain())  # the central directory
                 await resp.write_eof()
-            except ConnectionError:
-                log.info("HTTP batch: client went away after %d of %d items", done, len(items))
             return resp
 
     async def _batch_items(self, request: web.Request) -> list[Speech]:
         ctype = request.content_type if hdrs.CONTENT_TYPE in request.headers else ""
         if ctype not in ("", "application/json") and not ctype.endswith("+json"):
             raise ApiError(415, f"/tts/batch takes a JSON body, not {ctype!r}")
-        body = _json(_utf8(await request.read(), "request body"))
+        body = parse_json(_utf8(await request.read(), "request body"))
         items = body.get("items") if isinstance(body, dict) else body
         if not isinstance(items, list):
             raise ApiError(400, 'send a JSON list [{"text": ..., "voice": ..., "filename": '
@@ -426,15 +417,21 @@ class HttpFront:
             out.append(replace(speech, filename=name))
         return out
 
+    def _run(self, speech: Speech, t: Timeline) -> _Run:
+        return _Run(speech, t, self.ctx.engine.audio_format(speech.voice))
+
     @contextlib.contextmanager
     def _measured(self, run: _Run) -> Iterator[None]:
-        """Files the utterance's latency record, however it ends."""
+        """Files the utterance's latency record, however it ends. A client that went away
+        (``ConnectionError``, or its handler cancelled) is no error: the record says stopped,
+        one line logs how far it got, and the exception goes on up to end the handler, which
+        returns quietly (aiohttp has nothing left to send)."""
         try:
             yield
         except (ConnectionError, asyncio.CancelledError):
             run.outcome = "stopped"
             log.info("HTTP %s: client went away after %.1f s of audio", run.id,
-                     run.samples / self.ctx.engine.audio_format(run.speech.voice).rate)
+                     run.samples / run.fmt.rate)
             raise
         finally:
             if run.answered:
@@ -452,10 +449,10 @@ class HttpFront:
 
     async def _send_whole(self, request: web.Request, speech: Speech,
                           t: Timeline) -> web.Response:
-        run = _Run(speech, t)
+        run = self._run(speech, t)
         with self._measured(run):
             pcm = await self._synthesize_all(run)
-            body = wav_bytes(pcm, self.ctx.engine.audio_format(speech.voice))
+            body = wav_bytes(pcm, run.fmt)
             t.first_audio = time.monotonic()  # the whole file is this sink's first audio
             run.outcome = "ok"
         return web.Response(body=body, headers=self._audio_headers(run, "audio/wav"))
@@ -463,28 +460,22 @@ class HttpFront:
     async def _send_stream(self, request: web.Request, speech: Speech, t: Timeline,
                            content_type: str, header: bool = True) -> web.StreamResponse:
         """Header, then each chunk's PCM the moment the engine hands it over."""
-        run = _Run(speech, t)
+        run = self._run(speech, t)
         resp = web.StreamResponse(headers=self._audio_headers(run, content_type))
-        with self._measured(run):
-            try:
-                async with contextlib.aclosing(self._chunks(run)) as chunks:
-                    async for chunk in chunks:
-                        if not resp.prepared:  # the first chunk: nothing can fail as a 4xx now
-                            await resp.prepare(request)
-                            if header:
-                                fmt = self.ctx.engine.audio_format(speech.voice)
-                                await resp.write(wav_stream_header(fmt))
-                        await resp.write(to_pcm16(chunk.samples))
-                        if t.first_audio is None:
-                            t.first_audio = time.monotonic()
-                        run.samples += len(chunk.samples)
-                t.synth_done = time.monotonic()
-                await resp.write_eof()
-                run.outcome = "ok"
-            except ConnectionError:  # aiohttp finishes the response quietly; nothing to send
-                run.outcome = "stopped"
-                log.info("HTTP %s: client went away after %.1f s of audio", run.id,
-                         run.samples / self.ctx.engine.audio_format(speech.voice).rate)
+        with contextlib.suppress(ConnectionError), self._measured(run):  # gone: see _measured
+            async with contextlib.aclosing(self._chunks(run)) as chunks:
+                async for chunk in chunks:
+                    if not resp.prepared:  # the first chunk: nothing can fail as a 4xx now
+                        await resp.prepare(request)
+                        if header:
+                            await resp.write(wav_stream_header(run.fmt))
+                    await resp.write(to_pcm16(chunk.samples))
+                    if t.first_audio is None:
+                        t.first_audio = time.monotonic()
+                    run.samples += len(chunk.samples)
+            t.synth_done = time.monotonic()
+            await resp.write_eof()
+            run.outcome = "ok"
         return resp
 
     async def _chunks(self, run: _Run) -> AsyncGenerator[AudioChunk, None]:
@@ -510,16 +501,15 @@ class HttpFront:
                 yield chunk
 
     def _audio_headers(self, run: _Run, content_type: str) -> dict[str, str]:
-        fmt: AudioFormat = self.ctx.engine.audio_format(run.speech.voice)
+        fmt = run.fmt
         return {hdrs.CONTENT_TYPE: content_type, hdrs.CACHE_CONTROL: "no-store",
                 "X-Herald-Id": run.id, "X-Herald-Voice": run.speech.voice,
                 "X-Sample-Rate": str(fmt.rate), "X-Sample-Width": str(fmt.width),
                 "X-Channels": str(fmt.channels)}
 
     def _record(self, run: _Run) -> None:
-        rate = self.ctx.engine.audio_format(run.speech.voice).rate
         self.ctx.metrics.record(LatencyRecord.from_timeline(
-            run.id, self.name, self.name, run.speech.voice, run.t, run.samples / rate,
+            run.id, self.name, self.name, run.speech.voice, run.t, run.samples / run.fmt.rate,
             outcome=run.outcome))
 
     # ------------------------------------------------------------------ the rest
@@ -578,13 +568,6 @@ def _utf8(raw: bytes, what: str) -> str:
     except UnicodeDecodeError as e:
         raise ApiError(400, f"{what} is not valid UTF-8 (bad byte at offset {e.start}): "
                        "send text encoded as UTF-8") from None
-
-
-def _json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        raise ApiError(400, f"invalid JSON: {e}") from None
 
 
 async def _multipart(request: web.Request) -> dict[str, Any]:

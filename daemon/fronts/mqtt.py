@@ -17,7 +17,8 @@ import asyncio
 import json
 import logging
 import math
-import re
+import ssl
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from tts import UnknownVoice, VoiceError
+from tts import VoiceError
 
 from ..context import Context
 from ..discovery import discovery_payload
@@ -40,6 +41,8 @@ from ..request import (
     Request,
     RequestError,
     decode_text,
+    json_object,
+    parse_json,
     parse_say,
     parse_stream_piece,
     stream_request,
@@ -56,7 +59,6 @@ from ..topics import (
 
 log = logging.getLogger(__name__)
 
-_LANGUAGE = re.compile(r"^[a-z]{2,3}([_-][A-Za-z]{2})?$")
 _STOP_TEXT_MAX = 256  # bytes: "PRESS", "stop", {"id": ...}
 _REMEMBERED_IDS = 2000
 
@@ -175,10 +177,13 @@ class MqttFront:
 
     # ------------------------------------------------------------------ publishing
 
-    def publish(self, topic: str, payload: bytes | str, qos: int = 1,
-                retain: bool = False) -> mqtt.MQTTMessageInfo | None:
-        """Publish from any thread; QoS >= 1 messages wait in paho while disconnected."""
-        check_publish_topic(topic)
+    def publish(self, topic: str, payload: bytes | str, qos: int = 1, retain: bool = False,
+                checked: bool = False) -> mqtt.MQTTMessageInfo | None:
+        """Publish from any thread; QoS >= 1 messages wait in paho while disconnected.
+        ``checked``: the caller has validated the topic already (the audio sink checks an
+        utterance's topics once, not on every chunk)."""
+        if not checked:
+            check_publish_topic(topic)
         if self._client is None:
             return None
         return self._client.publish(topic, payload, qos, retain)
@@ -234,7 +239,18 @@ class MqttFront:
 
     def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
         self._connect_failures += 1
-        if self._connect_failures == 1 or self._connect_failures % 20 == 0:
+        if self._connect_failures != 1 and self._connect_failures % 20 != 0:
+            return
+        # paho calls this from inside its ``except OSError`` around the connect, so the error
+        # in hand says why. A failed TLS handshake is a configuration problem, not a broker
+        # that is down: say which settings to check.
+        error = sys.exc_info()[1]
+        if isinstance(error, ssl.SSLError):
+            log.error("MQTT: TLS with the broker at %s:%d failed (attempt %d): %s (check "
+                      "mqtt.tls.ca, mqtt.tls.cert and mqtt.tls.key, and that mqtt.host is a "
+                      "name in the broker's certificate); retrying", self.host,
+                      self.settings.port, self._connect_failures, error)
+        else:
             log.warning("MQTT: cannot reach the broker at %s:%d (attempt %d); retrying "
                         "(is it running? see mqtt.host / mqtt.port)", self.host,
                         self.settings.port, self._connect_failures)
@@ -311,17 +327,8 @@ class MqttFront:
                       self.settings.max_age)
 
     def _resolve_voice(self, name: str | None) -> str:
-        catalog = self.ctx.engine.catalog
-        if name is None:
-            return self.voice
-        if len(name) > 200:
-            raise UnknownVoice("voice name too long (over 200 characters)")
-        try:
-            return catalog.resolve(name).name
-        except UnknownVoice:
-            if _LANGUAGE.match(name):
-                return catalog.resolve(None, name).name
-            raise
+        """A voice name or language; none: the default set on ``set/voice``."""
+        return self.ctx.engine.resolve_voice(name, default=self.voice)
 
     def _scheduler(self, request_id: str | None = None) -> Scheduler:
         if self.scheduler is None:
@@ -431,13 +438,10 @@ class MqttFront:
             stopped = scheduler.stop()
             log.info("MQTT stop: stopped %s", ", ".join(stopped) or "nothing (idle)")
             return
-        try:
-            data = json.loads(text)
-        except ValueError as e:
-            raise RequestError(f"malformed JSON: {e}") from None
-        if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+        request_id = json_object(text, '{"id": "..."}').get("id")
+        if not isinstance(request_id, str):
             raise RequestError("stop JSON must be {\"id\": \"...\"}")
-        scheduler.stop(data["id"])
+        scheduler.stop(request_id)
 
     def _on_volume(self, payload: bytes, t: Timeline) -> None:
         text = decode_text(payload[:64]).strip() if len(payload) <= 64 else None
@@ -457,10 +461,7 @@ class MqttFront:
     def _on_voice(self, payload: bytes, t: Timeline) -> None:
         text = decode_text(payload).strip()
         if text.startswith("{") or text.startswith('"'):
-            try:
-                data = json.loads(text)
-            except ValueError as e:
-                raise RequestError(f"malformed JSON: {e}") from None
+            data = parse_json(text)
             name = data.get("voice") if isinstance(data, dict) else data
             if not isinstance(name, str):
                 raise RequestError("set/voice takes a voice name, or {\"voice\": \"NAME\"}")

@@ -16,8 +16,8 @@ Rules a reader should know before changing anything here:
 * Audio goes out as the engine makes it (one ``audio-chunk`` per engine chunk), never a whole
   sentence at a time; a streamed text (``synthesize-start`` / ``-chunk`` / ``-stop``) is spoken
   sentence by sentence as each one completes, inside ONE ``audio-start`` ... ``audio-stop``.
-  Its sentences are found by the same splitter the engine uses on a whole text
-  (``daemon.request.TextStream``), so streamed and whole text sound the same.
+  Its sentences are found by the planner a whole text goes through (``Engine.planner``), so
+  streamed and whole text sound the same.
 * ``text_format: ssml`` (on ``synthesize`` and ``synthesize-start``) is SSML; malformed SSML
   gets an ``error`` with code ``bad-markup`` and the line and column. A streamed SSML text
   can only be parsed whole, so it is spoken when ``synthesize-stop`` arrives.
@@ -72,11 +72,12 @@ from tts import (
     VoiceInfo,
     to_pcm16,
 )
+from tts.compose import Planner, Step
 from tts.text import MarkupError, TextFormat, parse_ssml
 
 from ..context import Context
 from ..metrics import LatencyRecord, Timeline
-from ..request import Request, RequestError, TextStream, pause_chunk
+from ..request import EmptyText, Request, RequestError, TextStream, TextTooLong, check_text
 
 if TYPE_CHECKING:
     from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
@@ -219,20 +220,12 @@ class _AudioOut:
         self.options = options
         self.fmt = self.conn.ctx.engine.audio_format(voice)
 
-    async def speak(self, text: str, pause_before: float = 0.0) -> bool:
-        """Synthesize ``text`` and send each engine chunk the moment it exists, after
-        ``pause_before`` seconds of silence if the text makes any sound. Whether it did."""
-        assert self.fmt is not None
+    async def speak(self, chunks: AsyncGenerator[AudioChunk, None]) -> None:
+        """Send each of the engine's chunks the moment it exists."""
         if self.timeline.started is None:
             self.timeline.started = time.monotonic()
-        chunks = cast(AsyncGenerator[AudioChunk, None], self.conn.ctx.engine.stream(
-            text, self.voice, self.options, self.text_format))
-        said = False
         try:
             async for chunk in chunks:
-                if not said and pause_before > 0:
-                    await self._send_chunk(pause_chunk(pause_before, self.fmt.rate))
-                said = True
                 await self._send_chunk(chunk)
         except MarkupError as e:  # a streamed SSML text, checked only once it is complete
             raise _Refused("bad-markup", str(e)) from None
@@ -243,7 +236,6 @@ class _AudioOut:
         finally:
             await chunks.aclose()  # stops the worker now, not when the generator is collected
         self.timeline.synth_done = time.monotonic()
-        return said
 
     async def _send_chunk(self, chunk: AudioChunk) -> None:
         assert self.fmt is not None
@@ -302,8 +294,7 @@ class _TextStream:
     """A ``synthesize-start`` ... ``synthesize-stop`` session: text in pieces, one audio stream.
 
     Events are read while a separate task speaks, so a sentence is synthesized while the
-    client is still sending the next ones. Complete sentences that queued up meanwhile are
-    spoken in one engine call (fewer per-call costs, same sentences, same pauses).
+    client is still sending the next ones.
     """
 
     def __init__(self, conn: _Connection, out: _AudioOut,
@@ -311,17 +302,18 @@ class _TextStream:
         self.conn = conn
         self.out = out
         self.local = local  # the speaker's copy of the text
-        self.text = TextStream(out.text_format)
-        self.chars = 0
-        self.has_text = False
+        self.text = TextStream()
+        self.has_text = False  # anything but white space arrived
+        self.begun = False  # the first sentence is planned: latency counts from here
         self.failed = False
         self._task = asyncio.create_task(self._speak(), name=f"wyoming speak {out.id}")
 
     def add(self, piece: str) -> None:
-        self.chars += len(piece)
-        if self.chars > self.conn.settings.max_text:
-            raise _Refused("text-too-long", f"streamed text passed {self.conn.settings.max_text}"
-                           " characters (wyoming.max_text); send long texts as several streams")
+        limit = self.conn.settings.max_text
+        if self.text.total_chars + len(piece) > limit:
+            raise _Refused("text-too-long", f"streamed text passed {limit} characters "
+                           "(wyoming.max_text); send long texts as several streams")
+        self.has_text = self.has_text or bool(piece.strip())
         self.text.feed(piece)
         self._feed_local(piece)
 
@@ -361,28 +353,31 @@ class _TextStream:
             await self._task
         self.out.close("stopped")
 
-    def _begin(self) -> None:
-        if not self.has_text:
-            # Latency is measured from the moment herald had something to say, not from
-            # synthesize-start: the time a language model takes to write is not ours.
-            self.out.timeline = Timeline()
-            self.has_text = True
-
     async def _speak(self) -> None:
         try:
             with self.out.accounting():
-                owed = 0.0  # the pause after the last passage, said if another one speaks
-                async for passage in self.text.passages(join=True):
-                    self._begin()
-                    if await self.out.speak(passage.text, owed):
-                        owed = passage.pause_after(self.out.options.sentence_silence,
-                                                  self.out.options.paragraph_silence)
+                out, engine = self.out, self.conn.ctx.engine
+                planner = engine.planner(out.voice, out.options, out.text_format)
+                await out.speak(engine.stream_steps(self._sentences(planner), out.voice,
+                                                    out.options))
         except asyncio.CancelledError:
             raise
         except Exception as e:
             self.failed = True
             self._end_local(f"the Wyoming request failed: {e}")
             await self.conn.fail(e)
+
+    async def _sentences(self, planner: Planner) -> AsyncGenerator[list[Step], None]:
+        async with contextlib.aclosing(self.text.steps(planner)) as batches:
+            async for steps in batches:
+                if not self.begun:
+                    # Latency is measured from the moment herald had something to say, not
+                    # from synthesize-start: the time a language model takes to write is
+                    # not ours.
+                    self.begun = True
+                    now = time.monotonic()
+                    self.out.timeline = Timeline(received=now, started=now)
+                yield steps
 
 
 # --- one connection ---------------------------------------------------------------------------
@@ -574,13 +569,13 @@ class _Connection(AsyncEventHandler):
             request = _parse(Synthesize, event)
             out.text_format = self._text_format(request.text_format)
             text = request.text.strip()
-            if not text:
-                raise _Refused("empty-text", "nothing to say: synthesize.text is empty; send "
-                               "the words to speak")
-            if len(text) > self.settings.max_text:
-                raise _Refused("text-too-long", f"text is {len(text)} characters; the limit is "
-                               f"{self.settings.max_text} (wyoming.max_text): split it, or "
-                               "stream it with synthesize-start/-chunk/-stop")
+            try:
+                check_text(text, self.settings.max_text, "wyoming.max_text",
+                           hint="split it, or stream it with synthesize-start/-chunk/-stop")
+            except TextTooLong as e:
+                raise _Refused("text-too-long", str(e)) from None
+            except EmptyText as e:
+                raise _Refused("empty-text", str(e)) from None
             if out.text_format == "ssml":
                 try:
                     parse_ssml(text)
@@ -588,7 +583,8 @@ class _Connection(AsyncEventHandler):
                     raise _Refused("bad-markup", str(e)) from None
             out.set_voice(*self._voice(request.voice))
             self._play_locally(out, text)
-            await out.speak(text)
+            await out.speak(self.ctx.engine.stream(text, out.voice, out.options,
+                                                   out.text_format))
             await out.finish()
         out.close("ok")
 
@@ -604,17 +600,16 @@ class _Connection(AsyncEventHandler):
             self.stream = _TextStream(self, out, self._play_locally(out, "", streamed=True))
 
     def _voice(self, wanted: SynthesizeVoice | None) -> tuple[str, SynthesisOptions]:
-        catalog = self.ctx.engine.catalog
         options = self.front.options
+        if wanted is None:
+            wanted = SynthesizeVoice()
         try:
-            if wanted is None:
-                return catalog.resolve().name, options
-            info = catalog.resolve(wanted.name, wanted.language)
+            voice = self.ctx.engine.resolve_voice(wanted.name, wanted.language)
         except UnknownVoice as e:
             raise _Refused("unknown-voice", str(e)) from None
         if wanted.speaker not in (None, ""):
             options = replace(options, speaker=wanted.speaker)
-        return info.name, options
+        return voice, options
 
     def _play_locally(self, out: _AudioOut, text: str,
                       streamed: bool = False) -> TextStream | None:
@@ -625,7 +620,7 @@ class _Connection(AsyncEventHandler):
         scheduler = self.ctx.scheduler
         if not self.settings.also_play or scheduler is None:
             return None
-        local = TextStream(out.text_format) if streamed else None
+        local = TextStream() if streamed else None
         request = Request(text=text, id=out.id, voice=out.voice, speaker=out.options.speaker,
                           sinks=("speaker",), front=FRONT, stream=local,
                           text_format=out.text_format)
