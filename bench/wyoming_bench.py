@@ -45,6 +45,8 @@ from wyoming.tts import (
     SynthesizeVoice,
 )
 
+from bench.engine import COOL_DOWN
+
 VOICE = "en_US-joe-medium"
 CASES = {
     "short command": "Turn on the kitchen lights.",
@@ -184,10 +186,15 @@ async def run(repeats: int, threads: int) -> dict[str, Any]:
             for text in CASES.values():  # warm-up: first-use costs are not what we measure
                 for name in SERVERS:
                     await request(ports[name], text, "synthesize")
-            for _ in range(repeats):
+            for rep in range(repeats):
+                # Each server goes first in every other repetition, and each request waits
+                # for the other server's idle worker threads to stop spinning (as in
+                # bench/engine.py): neither server pays for the other's last request.
+                order = list(SERVERS) if rep % 2 == 0 else list(reversed(SERVERS))
                 for case, text in CASES.items():
                     for mode in MODES:
-                        for name in SERVERS:
+                        for name in order:
+                            await asyncio.sleep(COOL_DOWN)
                             series[case, mode, name].samples.append(
                                 await request(ports[name], text, mode))
             load_after = os.getloadavg()
