@@ -21,7 +21,14 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -101,6 +108,18 @@ class TlsSettings(_Section):
     @classmethod
     def _empty_is_none(cls, v: Any) -> Any:
         return None if v == "" else v
+
+    @field_validator("ca", "cert", "key")
+    @classmethod
+    def _readable(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        """Checked at start-up: found only when MQTT starts, a missing file would leave
+        herald running without MQTT, with nothing to retry."""
+        if v is not None and info.data.get("enabled"):
+            if not v.is_file():
+                raise ValueError(f"{v} is not a file (TLS is enabled)")
+            if not os.access(v, os.R_OK):
+                raise ValueError(f"{v} is not readable by this user (TLS is enabled)")
+        return v
 
 
 class MqttAudioSettings(_Section):

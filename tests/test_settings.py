@@ -52,6 +52,13 @@ def test_set_parses_nested_keys_and_json(tmp_path: Path) -> None:
     assert s.base_topic == "home/speakers/hall"
 
 
+def test_tls_files_are_checked_only_when_tls_is_enabled(tmp_path: Path) -> None:
+    ca = write(tmp_path, "not checked for content here")
+    assert load_settings(None, ["mqtt.tls.ca=/nonexistent/ca.pem"], {}).mqtt.tls.enabled is False
+    s = load_settings(None, ["mqtt.tls.enabled=true", f"mqtt.tls.ca={ca}"], {})
+    assert s.mqtt.tls.ca == ca
+
+
 def test_device_id_defaults_to_the_sanitized_hostname() -> None:
     assert hostname_device_id("Kitchen Pi.local") == "kitchen_pi"
     assert hostname_device_id("a+b#c") == "a_b_c"
@@ -67,6 +74,10 @@ def test_device_id_defaults_to_the_sanitized_hostname() -> None:
     (["mqtt.base_topic=herald/+/x"], {}, "mqtt.base_topic: base topic must be"),
     (["mqtt.hots=x"], {}, "mqtt.hots: unknown setting"),
     (["nonsense"], {}, "expected KEY=VALUE"),
+    (["mqtt.tls.enabled=true", "mqtt.tls.ca=/nonexistent/ca.pem"], {},
+     "mqtt.tls.ca: /nonexistent/ca.pem is not a file (TLS is enabled)"),
+    (["mqtt.tls.enabled=true", "mqtt.tls.cert=/"], {},
+     "mqtt.tls.cert: / is not a file"),
 ])
 def test_bad_values_name_the_key(args: list[str], env: dict[str, str], expect: str) -> None:
     with pytest.raises(ConfigError) as e:
