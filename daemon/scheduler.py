@@ -2,8 +2,10 @@
 
 Requests go into one of two *lanes*. The speaker lane plays one utterance at a time: FIFO,
 higher ``priority`` first, ``mode: interrupt`` cuts the current one and goes next. While one
-utterance plays, the next one is already being synthesized into a bounded buffer, so the gap
-between them is the voice's own pause, not a synthesis delay. Requests whose audio only goes
+utterance plays, the next one is already being synthesized into a bounded buffer; once it is
+synthesized whole, the speaker is given it as its *cue*, so that it follows the current one
+after ``synthesis.paragraph_silence`` (consecutive utterances are paragraphs) in the same
+device stream: no synthesis delay, no device restart in between. Requests whose audio only goes
 to network sinks (MQTT audio topics) don't wait for the speaker: they run in the network
 lane, ``scheduler.parallel`` at a time, with the same ordering rules among those waiting.
 
@@ -22,13 +24,14 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from tts import AudioChunk, AudioFormat, SynthesisOptions, to_pcm16
 from tts.compose import Step
 
 from .engine import Engine
-from .metrics import LatencyRecord, Metrics
+from .metrics import LatencyRecord, Metrics, Timeline
 from .request import Request, RequestError
 from .settings import SchedulerSettings
 from .sinks.speaker import SpeakerSink, SpeakerUnavailable
@@ -97,6 +100,15 @@ class AudioBuffer:
         self._readable.set()
         self._writable.set()
 
+    @property
+    def complete(self) -> bool:
+        """Everything the producer will put is here, and none of it has been taken."""
+        return self._ended and self._error is None and not self._aborted
+
+    def peek(self) -> list[AudioChunk]:
+        """The chunks waiting, left in place."""
+        return list(self._chunks)
+
     def abort(self) -> None:
         self._chunks.clear()
         self._samples = 0
@@ -146,6 +158,7 @@ class Scheduler:
         self._order = itertools.count()
         self._ids: dict[str, Utterance] = {}
         self._closing = False
+        self._cued: Utterance | None = None  # the speaker's cue: the next utterance, whole
         # Called whenever synthesis or playback advances (the service feeds the watchdog).
         self.on_progress: Callable[[], None] | None = None
 
@@ -269,6 +282,7 @@ class Scheduler:
         if (lane.prefetch and lane.waiting and lane.waiting[0].producer is None
                 and not any(u.producer for u in lane.waiting)):
             self._start_producer(lane.waiting[0])
+        self._recue()
         self.metrics.queue_depth.set(self.waiting_count())
         self.metrics.active.set(len(self.speaker_lane.running) + len(self.network_lane.running))
 
@@ -297,7 +311,7 @@ class Scheduler:
         if utt.producer:
             utt.producer.cancel()
         if "speaker" in utt.req.sinks and self.speaker:
-            self.speaker.cut()
+            self.speaker.cut(utt)
 
     def _start_producer(self, utt: Utterance) -> None:
         if utt.req.audio is not None:
@@ -331,6 +345,7 @@ class Scheduler:
         finally:
             req.timeline.synth_done = time.monotonic()
         buffer.finish(error)
+        self._recue()  # whole now: it can be the speaker's cue
 
     async def _arriving(self, utt: Utterance, batches: AsyncGenerator[list[Step], None]
                         ) -> AsyncGenerator[list[Step], None]:
@@ -372,8 +387,7 @@ class Scheduler:
         underruns = 0
 
         def first_audio() -> None:
-            if t.first_audio is None:
-                t.first_audio = time.monotonic()
+            _first_audio(t)
 
         async def pcm() -> AsyncIterator[bytes]:
             nonlocal samples, error
@@ -394,7 +408,8 @@ class Scheduler:
         try:
             if on_speaker:
                 assert self.speaker is not None
-                stats = await self.speaker.play(fmt, pcm(), first_audio)
+                stats = await self.speaker.play(fmt, pcm(), first_audio, key=utt,
+                                                pause=self.synthesis.paragraph_silence)
                 underruns = stats.underruns
                 utt.cut = utt.cut or stats.cut
             else:
@@ -418,6 +433,41 @@ class Scheduler:
                     log.exception("%s: closing a sink failed", req.id)
             t.finished = time.monotonic()
             self._finish(utt, outcome, error, voice, samples / fmt.rate, underruns)
+
+    def _recue(self) -> None:
+        """Keep the speaker's cue on the next speaker utterance while one plays, once the next
+        is known whole: the speaker then goes on with it after the paragraph pause, in the
+        same device stream, the moment the current one ends by itself. One that stops being
+        next (an interrupt or a higher priority goes first, it was stopped) is withdrawn (if
+        it had started, it fades out, and is heard whole in its turn); one that has become
+        the current keeps it: its player claims it."""
+        if self.speaker is None:
+            return
+        lane = self.speaker_lane
+        nxt = lane.waiting[0] if lane.waiting and lane.running and not self._closing else None
+        if nxt is not None and not _whole(nxt):
+            nxt = None
+        prev = self._cued
+        if prev is nxt:
+            return
+        self._cued = nxt
+        if prev is not None and prev not in lane.running:
+            self.speaker.cut(prev)
+            prev.req.timeline.first_audio = None  # it is heard when its turn comes
+        if nxt is not None:
+            if nxt.req.audio is not None:
+                fmt, pcm = AudioFormat(nxt.req.audio_rate), nxt.req.audio
+            else:
+                assert nxt.buffer is not None and nxt.fmt is not None
+                fmt = nxt.fmt
+                pcm = b"".join(to_pcm16(c.samples) for c in nxt.buffer.peek())
+            self.speaker.cue(nxt, fmt, pcm, self.synthesis.paragraph_silence,
+                             partial(self._cue_first_audio, nxt))
+
+    def _cue_first_audio(self, utt: Utterance) -> None:
+        """The speaker started the cue of ``utt`` (unless it was withdrawn meanwhile)."""
+        if utt is self._cued or utt in self.speaker_lane.running:
+            _first_audio(utt.req.timeline)
 
     @staticmethod
     async def _synthesized(buffer: AudioBuffer) -> AsyncIterator[bytes]:
@@ -448,6 +498,17 @@ class Scheduler:
         if not utt.done.done():
             utt.done.set_result(outcome)
         self._pump(utt.lane)
+
+
+def _whole(utt: Utterance) -> bool:
+    """All of the utterance's audio is known: played as it came, or synthesized to the end."""
+    return utt.req.audio is not None or (utt.buffer is not None and utt.buffer.complete)
+
+
+def _first_audio(t: Timeline) -> None:
+    """The utterance's first audio reached its sink (stamped the first time only)."""
+    if t.first_audio is None:
+        t.first_audio = time.monotonic()
 
 
 class _SynthesisFailed(Exception):

@@ -5,6 +5,12 @@ starts this script with ``ALSA_CONFIG_PATH`` pointing the default PCM at a file 
 
 Usage: ``python tests/speaker_driver.py SPEC.json``; prints one JSON line per play.
 
+Plays follow each other once the device has gone quiet, unless a play says
+``"back_to_back": true`` (then it is called the moment the previous one returns, as the
+scheduler does). ``"key"`` names a play for ``cut(key)``/``cue(key, ...)``, ``"gap"`` is its
+``pause``; ``"after_first_audio": [[seconds, action], ...]`` and ``"after_return": [action,
+...]`` run actions: ``{"cue": {"pcm", "key", "gap"}}`` or ``{"cut": key}``.
+
 With ``fifo`` in the spec, this process also plays the part of the sound card's clock: a
 thread reads the FIFO (shrunk to one page) at ``bytes_per_second`` and appends what it reads
 to ``out``. ALSA's null/file plugins take audio as fast as it is written; the pacer makes
@@ -151,9 +157,22 @@ async def main(spec: dict[str, Any]) -> None:
 
     sink = SpeakerSink(SpeakerSettings(**spec.get("settings", {})), Metrics())
     await sink.start(AudioFormat(spec["start_rate"]) if spec.get("start_rate") else None)
+    keys: dict[str, object] = {}  # the sink tells keys apart by identity
+
+    def key_of(name: str | None) -> object:
+        return None if name is None else keys.setdefault(name, object())
+
+    def act(what: dict[str, Any], rate: int) -> None:
+        if "cue" in what:
+            cue = what["cue"]
+            sink.cue(key_of(cue["key"]), AudioFormat(rate), Path(cue["pcm"]).read_bytes(),
+                     cue.get("gap", 0.0))
+        else:
+            sink.cut(key_of(what["cut"]))
+
     for play in spec["plays"]:
-        if pacer:  # once the device is quiet, what the pacer got so far is all the previous
-            await pacer.quiet()  # plays' audio, and this play's starts at the current count
+        if pacer and not play.get("back_to_back"):  # once the device is quiet, what the
+            await pacer.quiet()  # pacer got so far is all the previous plays' audio
         consumed_before = pacer.consumed if pacer else None
         await asyncio.sleep(play.get("sleep_before", 0.0))
         for key, value in play.get("settings", {}).items():
@@ -188,11 +207,15 @@ async def main(spec: dict[str, Any]) -> None:
             delay, value = play["volume_after_first_audio"]
             helpers.append(asyncio.create_task(
                 after_first_audio(delay, lambda v=value: setattr(sink, "volume", v))))
+        for delay, what in play.get("after_first_audio", []):
+            helpers.append(asyncio.create_task(after_first_audio(
+                delay, lambda w=what, r=play["rate"]: act(w, r))))
         result: dict[str, Any] = {"error": None, "stats": None, "cancelled": False}
         t0 = time.monotonic()
         task = asyncio.create_task(sink.play(
             AudioFormat(play["rate"]), chunks(pcm, play.get("chunk_bytes", 4096), play, state,
-                                              sink), first_audio))
+                                              sink), first_audio,
+            key=key_of(play.get("key")), pause=play.get("gap", 0.0)))
         if play.get("cancel_after_first_audio") is not None:  # what SIGTERM does to a play
             helpers.append(asyncio.create_task(
                 after_first_audio(play["cancel_after_first_audio"], task.cancel)))
@@ -206,6 +229,8 @@ async def main(spec: dict[str, Any]) -> None:
             result["source_error"] = str(e)
         result["consumed_before"] = consumed_before
         result["consumed_at_return"] = pacer.consumed if pacer else None
+        for what in play.get("after_return", []):
+            act(what, play["rate"])
         result["file_size"] = os.path.getsize(spec["file"]) if spec.get("file") and \
             os.path.exists(spec["file"]) else None
         result["seconds"] = time.monotonic() - t0

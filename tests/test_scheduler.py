@@ -55,7 +55,8 @@ class Recorder:
 
 
 class PacedSpeaker:
-    """Plays at ``speed`` x real time; records what it played and when."""
+    """Plays at ``speed`` x real time; records what it played and when, and the cues and cuts
+    it was given. (It never starts a cue itself: play() always plays its chunks.)"""
 
     name = "speaker"
 
@@ -63,11 +64,22 @@ class PacedSpeaker:
         self.speed = speed
         self.volume = 1.0
         self.played: list[tuple[float, float, int]] = []  # start, end, samples
+        self.cues: list[tuple[str, int, float, float]] = []  # id, samples, pause, when
+        self.keys: list[tuple[str, float]] = []  # id and pause of each play
+        self.cuts: list[str | None] = []  # the id each cut(key) named (None: the current)
         self._cut = asyncio.Event()
+        self._playing: Any = None  # the key of the play in progress
+
+    def cue(self, key: Any, fmt: AudioFormat, pcm: bytes, pause: float = 0.0,
+            on_first_audio: Callable[[], None] | None = None) -> None:
+        self.cues.append((key.req.id, len(pcm) // 2, pause, time.monotonic()))
 
     async def play(self, fmt: AudioFormat, chunks: AsyncIterator[bytes],
-                   on_first_audio: Callable[[], None] | None = None) -> PlaybackStats:
+                   on_first_audio: Callable[[], None] | None = None, key: Any = None,
+                   pause: float = 0.0) -> PlaybackStats:
         self._cut.clear()
+        self._playing = key
+        self.keys.append((key.req.id, pause))
         start, samples, first = time.monotonic(), 0, True
         async for data in chunks:
             if first and on_first_audio:
@@ -82,8 +94,16 @@ class PacedSpeaker:
         self.played.append((start, time.monotonic(), samples))
         return PlaybackStats(samples=samples, cut=self._cut.is_set())
 
-    def cut(self) -> None:
-        self._cut.set()
+    def cut(self, key: Any = None) -> None:
+        self.cuts.append(None if key is None else key.req.id)
+        if key is None or key is self._playing:  # (a cue never starts here: nothing to stop)
+            self._cut.set()
+
+
+async def until(condition: Callable[[], Any]) -> None:
+    """Until ``condition()`` is true (the caller puts a deadline on it)."""
+    while not condition():
+        await asyncio.sleep(0.01)
 
 
 @dataclass
@@ -177,6 +197,59 @@ async def test_interrupt_cuts_the_speaker_and_goes_next(engine: Engine) -> None:
     cut = next(rec for rec in r.records if rec.id == "long")
     assert cut.outcome == "stopped"
     assert r.recorder.streams["urgent"].outcome == "finished"  # tee'd to the network sink
+
+
+async def test_the_next_speaker_utterance_is_cued_once_synthesized(engine: Engine) -> None:
+    """While one utterance plays, the next one goes to the speaker as its cue the moment it
+    is synthesized whole, with the paragraph pause, so the speaker can go on with it in the
+    same device stream; it is then played with the same key and pause, which claims it."""
+    spk = PacedSpeaker(speed=1.0)
+    r = rig(engine, speaker=spk, synthesis=SynthesisOptions(paragraph_silence=0.3))
+    first = r.scheduler.submit(req("c1", "A sentence that takes a couple of seconds to say.",
+                                   sinks=("speaker",)))
+    second = r.scheduler.submit(req("c2", "And then another one.", sinks=("speaker",)))
+    assert await asyncio.wait_for(asyncio.gather(first, second), 60) == ["finished"] * 2
+    (c1_start, c1_end, _), (_, _, c2_samples) = spk.played
+    [(cued, samples, pause, at)] = spk.cues
+    assert (cued, samples, pause) == ("c2", c2_samples, 0.3), spk.cues  # all of it
+    assert c1_start < at < c1_end, "not cued while the first one played"
+    assert spk.keys == [("c1", 0.3), ("c2", 0.3)]
+    assert spk.cuts == []
+
+
+async def test_a_cue_overtaken_by_an_interrupt_is_withdrawn_and_played_in_turn(
+        engine: Engine) -> None:
+    """An interrupt goes before the cued utterance: the cue is withdrawn (cut by its key, so
+    the speaker doesn't go on with it), and the utterance is played whole in its turn."""
+    spk = PacedSpeaker(speed=1.0)
+    r = rig(engine, speaker=spk)
+    long = r.scheduler.submit(req("long", "This goes on and on. " * 6, sinks=("speaker",)))
+    queued = r.scheduler.submit(req("queued", "Waiting patiently.", sinks=("speaker",)))
+    await asyncio.wait_for(until(lambda: spk.cues), 30)
+    urgent = r.scheduler.submit(req("urgent", "Fire alarm!", sinks=("speaker",),
+                                    mode="interrupt"))
+    assert await asyncio.wait_for(asyncio.gather(long, urgent, queued), 60) == [
+        "stopped", "finished", "finished"]
+    assert [rid for rid, kind in r.events if kind == "started"] == ["long", "urgent", "queued"]
+    # The interrupt cut the current one and withdrew the cue; the queued one was cued again
+    # behind the urgent one, and played whole.
+    assert spk.cuts == ["long", "queued"]
+    assert [c[0] for c in spk.cues] == ["queued", "queued"]
+    assert spk.played[2][2] == spk.cues[0][1]
+
+
+async def test_stopping_a_cued_utterance_withdraws_the_cue(engine: Engine) -> None:
+    """A cued utterance stopped before its turn: the cue is withdrawn, it is never played."""
+    spk = PacedSpeaker(speed=2.0)
+    r = rig(engine, speaker=spk)
+    first = r.scheduler.submit(req("p1", "A sentence that takes a couple of seconds to say.",
+                                   sinks=("speaker",)))
+    cued = r.scheduler.submit(req("p2", "Never heard.", sinks=("speaker",)))
+    await asyncio.wait_for(until(lambda: spk.cues), 30)
+    assert r.scheduler.stop("p2") == ["p2"]
+    assert await asyncio.wait_for(asyncio.gather(first, cued), 60) == ["finished", "stopped"]
+    assert spk.cuts == ["p2"]
+    assert [key for key, _ in spk.keys] == ["p1"]
 
 
 async def test_stop_removes_waiting_and_cuts_running(engine: Engine) -> None:

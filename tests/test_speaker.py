@@ -36,6 +36,7 @@ from mqtt_client import BASE, DEVICE, WAIT, Client
 from speaker_driver import Pacer
 
 from tts import SynthesisOptions
+from tts.resample import Resampler
 
 DRIVER = Path(__file__).with_name("speaker_driver.py")
 RATE = 22050
@@ -297,6 +298,115 @@ def test_hung_device_fails_the_play_and_the_next_one_plays(  # type: ignore[no-u
     assert dev.out.read_bytes().find(short.strip(b"\0")) > 0, "the second play is not intact"
 
 
+# ------------------------------------------- back to back: the cue and the pause between
+
+def at_device_rate(x: np.ndarray, rate: int) -> np.ndarray:
+    """What the sink makes of ``x`` (voice rate) on a device at ``rate``: the same samples,
+    or resampled whole (the resampler gives the same samples whatever the pieces)."""
+    if rate == RATE:
+        return x
+    r = Resampler(RATE, rate)
+    y = np.concatenate([r.process(x.astype(np.float32)), r.flush()])
+    return np.clip(np.rint(y), -32768, 32767).astype(np.int32)
+
+
+@pytest.mark.parametrize("device_rate", [RATE, 48000])
+def test_a_cued_utterance_follows_after_exactly_its_pause(  # type: ignore[no-untyped-def]
+        speech, tmp_path: Path, device_rate: int) -> None:
+    """The next utterance, cued while one plays, goes on in the same stream the moment the
+    first one ends: exactly its pause of silence in between (no device restart), to the
+    sample; and the first one's play() still returns only once it has been heard."""
+    pause, latency_ms = 0.25, 100.0
+    dev = paced_device(tmp_path, device_rate)
+    short, long = str(speech["short"]), str(speech["long"])
+    results = run_driver(dev.spec(settings={"rate": device_rate, "latency_ms": latency_ms},
+                                  start_rate=RATE, plays=[
+        {"pcm": short, "rate": RATE, "key": "first",
+         "after_first_audio": [[0.1, {"cue": {"pcm": long, "key": "next", "gap": pause}}]]},
+        {"pcm": long, "rate": RATE, "key": "next", "gap": pause, "back_to_back": True},
+    ]), dev.env, tmp_path)
+    first, second = results[0], results[1]
+    x, y = (as_samples(speech[name].read_bytes()) for name in ("short", "long"))
+    for r, n in ((first, len(x)), (second, len(y))):
+        assert r["stats"] == {"samples": n, "underruns": 0, "cut": False,
+                              "device_rate": device_rate, "xruns": 0}, r
+    out = as_samples(dev.out.read_bytes())
+    rx, ry = at_device_rate(x, device_rate), at_device_rate(y, device_rate)
+    a = locate(out, rx, 0)
+    assert_pcm_close(out[a:a + len(rx)], rx, "the first utterance")
+    b = locate(out, ry, a + len(rx))
+    assert_pcm_close(out[b:b + len(ry)], ry, "the cued utterance")
+    assert b - (a + len(rx)) == int(pause * device_rate), (b - (a + len(rx))) / device_rate
+    assert not out[a + len(rx):b].any() and not out[b + len(ry):].any()
+    # play() returned once its end had been played by PortAudio's count (its latency), not
+    # when the end was handed over (a device buffer and the FIFO earlier): at most the FIFO
+    # and what the device holds beyond the latency it reports (ALSA: a period, less than
+    # latency_ms) were still to be heard.
+    unreported = 2 * int(latency_ms / 1000 * device_rate)
+    behind = 2 * (a + len(rx)) - first["consumed_at_return"]
+    assert behind <= PIPE_BYTES + 512 + unreported, behind
+
+
+def test_a_withdrawn_cue_is_not_heard_and_one_cut_after_it_started_fades(  # type: ignore[no-untyped-def]
+        speech, tmp_path: Path) -> None:
+    """A cue withdrawn (cut by its key) before the current utterance ends is never heard;
+    one cut after it took over, before any play() claimed it, fades out like any cut."""
+    dev = paced_device(tmp_path, RATE)
+    short, long = str(speech["short"]), str(speech["long"])
+    results = run_driver(dev.spec(start_rate=RATE, plays=[
+        {"pcm": short, "rate": RATE, "key": "a", "after_first_audio": [
+            [0.05, {"cue": {"pcm": long, "key": "x"}}], [0.3, {"cut": "x"}]]},
+        {"pcm": short, "rate": RATE, "key": "b", "back_to_back": True,
+         "after_first_audio": [[0.05, {"cue": {"pcm": long, "key": "y"}}]],
+         "after_return": [{"cut": "y"}]},
+        {"pcm": short, "rate": RATE, "key": "c", "back_to_back": True},
+    ]), dev.env, tmp_path)
+    x, y = (as_samples(speech[name].read_bytes()) for name in ("short", "long"))
+    for r in results[:3]:
+        assert r["error"] is None and r["stats"]["samples"] == len(x), r
+        assert not r["stats"]["cut"], r
+    out = as_samples(dev.out.read_bytes())
+    a = locate(out, x, 0)
+    b = locate(out, x, a + len(x))
+    assert not out[a + len(x):b].any(), "the withdrawn cue was heard"
+    end = b + len(x)
+    started = heard_as_synthesized(out[end:], y)  # it went on right after b
+    assert np.abs(out[end:end + started]).max() > LOUD, "the cue had not started"
+    c = locate(out, x, end + started + FADE + 1)
+    tail = out[end + started:c]
+    assert np.count_nonzero(tail) <= FADE + 1, "more of it was heard than a fade"
+    envelope = np.abs(y[started:started + FADE + 1]) * (1 - np.arange(FADE + 1) / FADE) + 1
+    assert np.all(np.abs(tail[:FADE + 1]) <= envelope), "not a fade"
+    for at in (a, b, c):
+        assert_pcm_close(out[at:at + len(x)], x, "a played utterance")
+    assert not out[c + len(x):].any()
+
+
+def test_the_pause_follows_an_utterance_that_ended_by_itself_not_a_cut_one(  # type: ignore[no-untyped-def]
+        speech, tmp_path: Path) -> None:
+    """Without a cue (the next one wasn't ready in time) the pause is kept all the same,
+    as lead-in silence; after a cut (stop, interrupt) the next one doesn't wait for it."""
+    pause = 1.0  # longer than the silence of a device restart
+    dev = paced_device(tmp_path, RATE)
+    short = str(speech["short"])
+    results = run_driver(dev.spec(start_rate=RATE, plays=[
+        {"pcm": short, "rate": RATE},
+        {"pcm": short, "rate": RATE, "gap": pause, "back_to_back": True,
+         "cut_after_first_audio": 0.5},
+        {"pcm": short, "rate": RATE, "gap": pause, "back_to_back": True},
+    ]), dev.env, tmp_path)
+    assert [r["stats"]["cut"] for r in results[:3]] == [False, True, False], results
+    x = as_samples(speech["short"].read_bytes())
+    out = as_samples(dev.out.read_bytes())
+    a = locate(out, x, 0)
+    b = a + len(x) + align(out[a + len(x):], x)  # (cut short: too little of it to locate)
+    assert b - (a + len(x)) >= pause * RATE, f"{(b - (a + len(x))) / RATE:.3f} s apart"
+    cut_at = b + heard_as_synthesized(out[b:], x) + FADE + 1
+    c = locate(out, x, cut_at)
+    assert c - cut_at < pause * RATE, f"{(c - cut_at) / RATE:.3f} s after the cut"
+    assert_pcm_close(out[c:c + len(x)], x, "the utterance after the cut")
+
+
 # ---------------------------------------------------------------------- resampling
 
 def fft_resample(x: np.ndarray, n_out: int) -> np.ndarray:
@@ -394,10 +504,12 @@ def test_device_faster_than_real_time_does_not_spin_on_silence(  # type: ignore[
 #
 # The speaker's pre-roll (5 s) is longer than these utterances, except the one that gets cut
 # after 5 s of it are ready, so an utterance starts playing only once all of it is
-# synthesized: no underrun puts silence inside it, and the silence between two of them is
-# the device's restart plus the wait for the second one to be ready. With prefetch there is
-# no wait (0.18 s of silence in all, measured here); without it the listener would hear the
-# whole synthesis of the second one as well (0.5 to 1.0 s here, with scheduler.prefetch off).
+# synthesized: no underrun puts silence inside it. Two queued utterances are two paragraphs:
+# herald means the paragraph pause between them and nothing else. The second one, prefetched
+# whole while the first plays, is the speaker's cue and follows in the same device stream.
+# (Restarting the stream for it instead cost 0.18 s of PortAudio/ALSA silence on this device,
+# whatever the pause; without prefetch the listener would also hear the whole synthesis of the
+# second one: 0.5 to 1.0 s here, with scheduler.prefetch off.)
 
 PAUSE = 0.4  # synthesis.paragraph_silence: the pause between two paragraphs of one say
 QUEUED = ("The washing machine has finished its program.",
@@ -550,7 +662,7 @@ def test_interrupt_is_heard_cut_short_and_the_interrupting_say_whole(
 
 def test_queued_says_follow_each_other_without_a_gap(listener: Listener, synth: Any) -> None:
     """Two says queued at once: both heard whole, in order, the second synthesized while the
-    first played, so no longer apart than two paragraphs of one say."""
+    first played, and exactly as far apart as two paragraphs of one say."""
     c = listener.client
     first, second = (as_samples(reference_pcm(synth, text, SynthesisOptions(seed=seed)))
                      for text, seed in zip(QUEUED, (21, 22)))
@@ -575,7 +687,8 @@ def test_queued_says_follow_each_other_without_a_gap(listener: Listener, synth: 
     b = locate(heard, second, a + len(first))
     assert_pcm_close(heard[b:b + len(second)], second, "the second say")
     assert not heard[b + len(second):].any()
-    # Between them only silence, and no more than between two paragraphs of one say.
+    # Between them only silence: the paragraph pause, to the sample. The speaker joins them
+    # inside one audio callback, so no device period (block_ms, latency_ms) can round it.
     gap = heard[a + len(first):b]
     assert not gap.any()
-    assert len(gap) <= PAUSE * RATE, f"{len(gap) / RATE:.3f} s of silence between them"
+    assert len(gap) == int(PAUSE * RATE), f"{len(gap) / RATE:.4f} s of silence between them"

@@ -262,6 +262,7 @@ class DDSConv(nn.Module):
         if g is not None:
             x = x + g
         for sep, c1x1, n1, n2 in zip(self.convs_sep, self.convs_1x1, self.norms_1, self.norms_2):
+            assert isinstance(sep, RowConv) and isinstance(c1x1, RowConv)
             y = F.gelu(n1(sep.rows(x)))
             y = F.gelu(n2(c1x1.rows(y)))
             x = x + y

@@ -7,13 +7,19 @@ Contract used by the scheduler:
     await sink.stop()
     sink.volume = 0.5                       # 0..1, ramps in over ~20 ms from the next block
     sink.device = "USB"                     # another device from the next utterance on
-    stats = await sink.play(fmt, chunks, on_first_audio)
+    stats = await sink.play(fmt, chunks, on_first_audio, key=None, pause=0.0)
         # fmt: tts.AudioFormat; chunks: AsyncIterator[bytes] of s16le mono PCM.
         # Returns once the audio has drained from the device (PlaybackStats).
         # on_first_audio() is called (on the loop) when the first block of real audio is
         # handed to PortAudio.
+        # key: names this utterance for cut(key) and cue(key, ...) (any object, by identity).
+        # pause: seconds of silence at least between the previous utterance, if it ended by
+        # itself, and this one.
         # Raises SpeakerUnavailable when the device is missing, busy or fails (after logging).
-    sink.cut()                              # interrupt: 15 ms fade-out, play() returns early
+    sink.cue(key, fmt, pcm, pause, on_first_audio)
+        # The whole next utterance, known before the current one ends: it follows the
+        # current one after `pause`, in the same device stream; play(..., key=key) claims it.
+    sink.cut(key=None)                      # interrupt: 15 ms fade-out, play() returns early
 
 How it works. One PortAudio output stream per device and rate, opened once and kept; it is
 *started* when an utterance has its pre-roll buffered and it *completes itself* (the
@@ -21,6 +27,15 @@ callback returns "complete") when the utterance's last sample has been handed ov
 PortAudio drains the device and only then reports the stream finished: that report is what
 lets ``play()`` return, so a "finished" event means the listener heard the end. Nothing runs
 while nobody speaks (no CPU, no silence streamed to the device).
+
+Back to back. Restarting the stream costs silence: PortAudio and ALSA put about a device
+buffer of it before the first block (0.18 s in all at the default ``latency_ms``, measured
+on ALSA's file plugin), on top of the next utterance's wait for its turn. So when the
+scheduler knows the next utterance whole before the current one ends, it *cues* it: at the
+current utterance's last sample the callback goes on with the cued one's ``pause`` of
+silence and then its audio, in the same block, and counts the current one as heard once
+the device has played a buffer's worth more (``drain_seconds``). Only an utterance that ends
+by itself hands over; a cut one completes the stream as before.
 
 Between the event loop and PortAudio's thread sits a jitter buffer (a deque of float blocks
 under a lock held only for deque operations). The callback never blocks and never raises:
@@ -119,9 +134,11 @@ class _Playback:
     Fields below the lock line are only touched with ``lock`` held."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, src_rate: int, dev_rate: int,
-                 settings: SpeakerSettings, on_first_audio: Callable[[], None] | None) -> None:
+                 settings: SpeakerSettings, on_first_audio: Callable[[], None] | None,
+                 key: object = None) -> None:
         ms = dev_rate / 1000.0
         self.loop = loop
+        self.key = key  # what play()/cue() named it, for cut(key)
         self.src_rate, self.dev_rate = src_rate, dev_rate
         self.preroll = int(settings.preroll_ms * ms)
         self.park_after = int(settings.park_ms * ms)
@@ -145,6 +162,10 @@ class _Playback:
         self.frames_out = 0
         self.underruns = 0
         self.xruns = 0
+        # --- not under lock: the callback's alone (under the sink's lock), or set before
+        # the cue is handed to the callback
+        self.drain_left = 0  # handed over to a cued utterance: frames until it has been heard
+        self.cued = 0  # a cue's input samples (what its play() must bring again)
 
     def ready(self) -> bool:
         """Enough buffered to (re)start: the pre-roll, or all there will be."""
@@ -222,7 +243,14 @@ class SpeakerSink:
         self._out: _Output | None = None
         self._running = False  # stream started and its completion not yet seen
         self._starting = False
-        self._current: _Playback | None = None
+        self._current: _Playback | None = None  # the one the callback plays
+        # Also switched by the callback (a cue taking over), so changed under this lock:
+        self._lock = threading.Lock()
+        self._cue: _Playback | None = None  # the next utterance, whole, ready to follow
+        self._cue_key: object = None  # the cue asked for last (its audio may be resampling)
+        self._unclaimed: _Playback | None = None  # a cue playing before play() claimed it
+        self._draining: list[_Playback] = []  # handed over to a cue, still in the device
+        self._ended_at: float | None = None  # when an utterance that ended by itself drained
         self._play_lock = asyncio.Lock()
         self._failed_at: float | None = None
         self._failure = ""
@@ -256,6 +284,8 @@ class SpeakerSink:
         self.settings.device = value
         self._failed_at = None
         self._reinit = True
+        with self._lock:
+            self._cue = self._cue_key = None  # it would follow on the old device
 
     async def start(self, fmt: AudioFormat | None = None) -> None:
         """Open the device now (for ``fmt``, usually the default voice's format) so the first
@@ -281,7 +311,7 @@ class SpeakerSink:
                             e, self.settings.retry_seconds)
 
     async def stop(self) -> None:
-        """Cut what's playing (with its fade), then close the device."""
+        """Cut what's playing (with its fade), forget the cue, then close the device."""
         p = self._current
         if p is not None and not p.done.done():
             self.cut()
@@ -294,46 +324,98 @@ class SpeakerSink:
         self._pa.shutdown(wait=False, cancel_futures=True)
         self._pa_closed = True
 
-    def cut(self) -> None:
-        """Interrupt the current utterance: fade out over ``fade_ms``, drop the rest."""
-        p = self._current
-        if p is None or p.done.done():
+    def cut(self, key: object = None) -> None:
+        """Interrupt an utterance: fade it out over ``fade_ms``, drop the rest. ``key``: the
+        one play() or cue() was given that key (a cue that hasn't started is just forgotten);
+        None: the one being heard."""
+        with self._lock:
+            if key is not None and self._cue_key is key:
+                self._cue = self._cue_key = None
+            if key is None:
+                p = self._current
+            else:
+                p = next((q for q in (self._current, *self._draining)
+                          if q is not None and q.key is key), None)
+            if p is not None and p is self._unclaimed:
+                self._unclaimed = None  # stopped before play() claimed it: nothing to claim
+        if p is not None:
+            self._cut(p)
+
+    def cue(self, key: object, fmt: AudioFormat, pcm: bytes, pause: float = 0.0,
+            on_first_audio: Callable[[], None] | None = None) -> None:
+        """Have ``pcm``, a whole utterance (s16le mono), follow the one playing now: if that
+        one ends by itself, ``pause`` seconds of silence and then this audio go on in the same
+        device stream, with no restart. play(..., key=key) claims it and returns when it has
+        drained; cut(key) forgets it, or fades it out if it has started. A new cue replaces
+        one that hasn't started. No stream open for ``fmt``, or more audio than the jitter
+        buffer holds: no cue, and play() plays it the usual way."""
+        loop, out = self._loop, self._out
+        with self._lock:
+            self._cue = self._cue_key = None
+            if (not self.settings.enabled or loop is None or out is None or self._reinit
+                    or out.src_rate != fmt.rate or fmt.width != 2 or fmt.channels != 1):
+                return
+            self._cue_key = key
+        samples = np.frombuffer(pcm[:len(pcm) // 2 * 2], dtype="<i2").astype(np.float32)
+        p = _Playback(loop, fmt.rate, out.rate, self.settings, on_first_audio, key)
+        if not len(samples) or len(samples) * out.rate / fmt.rate > p.max_frames:
+            with self._lock:
+                self._cue_key = None
             return
-        with p.lock:
-            p.cut = True
-            if p.state is _State.PLAYING and p.frames_out:
-                p.state = _State.FADING
-            elif p.state in (_State.PLAYING, _State.STARVED, _State.PARKED):
-                p.drop()  # nothing audible (lead-in, silence): just end
-                p.state = _State.ENDED
-        p.space.set()
-        self._settle(p)
+        p.lead_in = int(pause * out.rate)  # the device is running: no wake-up lead-in
+        p.cued = len(samples)
+        if out.rate == fmt.rate:
+            self._set_cue(p, out, samples)
+        else:
+            loop.create_task(self._resample_cue(p, out, samples), name="speaker-cue")
 
     async def play(self, fmt: AudioFormat, chunks: AsyncIterable[bytes],
-                   on_first_audio: Callable[[], None] | None = None) -> PlaybackStats:
+                   on_first_audio: Callable[[], None] | None = None, key: object = None,
+                   pause: float = 0.0) -> PlaybackStats:
         """Play one utterance; returns when it has drained from the device or was cut.
 
-        One utterance at a time: a second call waits for the first."""
+        One utterance at a time: a second call waits for the first. ``key`` names it for
+        cut(key), and claims its cue if that is playing already (``chunks`` then only confirm
+        what the cue holds). ``pause``: at least this much silence after the previous
+        utterance, if that one ended by itself (consecutive utterances are paragraphs)."""
         if fmt.width != 2 or fmt.channels != 1:
             raise ValueError(f"the speaker takes 16-bit mono PCM, got {fmt}")
         if not self.settings.enabled:
             raise SpeakerUnavailable("the speaker is disabled (speaker.enabled = false)")
         async with self._play_lock:
             loop = self._loop = asyncio.get_running_loop()
-            prev = self._current
-            if prev is not None and not prev.done.done():  # a cancelled play still fading
-                try:
-                    await asyncio.wait_for(asyncio.shield(prev.done), 1.0)
-                except Exception:
-                    pass
-            out = await self._ensure_output(fmt)
-            p = _Playback(loop, fmt.rate, out.rate, self.settings, on_first_audio)
-            self._current = p
-            feeder = asyncio.create_task(self._feed(p, out, chunks), name="speaker-feed")
+            with self._lock:
+                started, self._unclaimed = self._unclaimed, None
+                p = started if key is not None and started is not None and started.key is key \
+                    else None
+                if p is None and key is not None and self._cue_key is key:
+                    self._cue = self._cue_key = None  # cued, but never took over
+            claimed = p is not None
+            if p is not None:
+                self._also_on_first_audio(p, on_first_audio)
+                feeder = loop.create_task(self._confirm(p, chunks), name="speaker-confirm")
+            else:
+                if started is not None:  # a cue that went on, but something else comes now
+                    self._cut(started)
+                prev = self._current
+                if prev is not None and not prev.done.done():  # a cancelled play still fading
+                    try:
+                        await asyncio.wait_for(asyncio.shield(prev.done), 1.0)
+                    except Exception:
+                        pass
+                out = await self._ensure_output(fmt)
+                p = _Playback(loop, fmt.rate, out.rate, self.settings, on_first_audio, key)
+                p.lead_in = max(p.lead_in, self._pause_left(pause, out.rate))
+                with self._lock:
+                    self._current = p
+                feeder = loop.create_task(self._feed(p, out, chunks), name="speaker-feed")
+            self._ended_at = None
             try:
-                await self._wait(p, out, feeder)
+                await self._wait(p, feeder)
+                if claimed and not p.cut:  # a short cue may drain before its chunks are in
+                    await feeder
             except BaseException:
-                self.cut()  # cancelled (SIGTERM, stop): fade out, don't click
+                self._cut(p)  # cancelled (SIGTERM, stop): fade out, don't click
                 raise
             finally:
                 if not feeder.done():
@@ -342,12 +424,15 @@ class SpeakerSink:
                         await feeder
                     except BaseException:  # noqa: B012 - the feeder's end is not our result
                         pass
-                if self._current is p and p.done.done():
-                    self._current = None
+                with self._lock:
+                    if self._current is p and p.done.done():
+                        self._current = None
             with p.lock:
                 frames, underruns, xruns, was_cut = p.frames_out, p.underruns, p.xruns, p.cut
-            return PlaybackStats(samples=round(frames * fmt.rate / out.rate),
-                                 underruns=underruns, cut=was_cut, device_rate=out.rate,
+            if not was_cut:
+                self._ended_at = time.monotonic()
+            return PlaybackStats(samples=round(frames * p.src_rate / p.dev_rate),
+                                 underruns=underruns, cut=was_cut, device_rate=p.dev_rate,
                                  xruns=xruns)
 
     # ---------------------------------------------------------------- loop side
@@ -373,6 +458,70 @@ class SpeakerSink:
             with p.lock:
                 p.producing = False
             self._settle(p)
+
+    async def _confirm(self, p: _Playback, chunks: AsyncIterable[bytes]) -> None:
+        """play()'s audio for an utterance that has been playing from its cue: the same
+        samples, all buffered already, so they are only counted."""
+        n = 0
+        async for data in chunks:
+            if p.cut:
+                return
+            n += len(data)
+        if n // 2 != p.cued:
+            log.warning("speaker: the cue held %d samples but play() brought %d; the cue "
+                        "was played", p.cued, n // 2)
+
+    def _set_cue(self, p: _Playback, out: _Output, samples: np.ndarray) -> None:
+        with p.lock:
+            p.push(samples)
+            p.producing = False
+        with self._lock:
+            if self._cue_key is p.key and self._out is out:  # still wanted, same stream
+                self._cue = p
+
+    async def _resample_cue(self, p: _Playback, out: _Output, samples: np.ndarray) -> None:
+        resampler = Resampler(p.src_rate, p.dev_rate)
+        self._set_cue(p, out, await asyncio.to_thread(
+            lambda: np.concatenate([resampler.process(samples), resampler.flush()])))
+
+    def _also_on_first_audio(self, p: _Playback, fn: Callable[[], None] | None) -> None:
+        """play()'s first-audio callback for a claimed cue: now if its audio has started,
+        else along with the cue's own."""
+        if fn is None:
+            return
+        with p.lock:
+            started = p.first_sent
+            if not started:
+                before = p.on_first_audio
+
+                def both() -> None:
+                    if before is not None:
+                        before()
+                    fn()
+
+                p.on_first_audio = both
+        if started:
+            fn()
+
+    def _pause_left(self, pause: float, rate: int) -> int:
+        """Frames of ``pause`` still to come since the last utterance that ended by itself."""
+        if pause <= 0 or self._ended_at is None:
+            return 0
+        return max(0, int((pause - (time.monotonic() - self._ended_at)) * rate))
+
+    def _cut(self, p: _Playback) -> None:
+        """Fade ``p`` out (or end it, if nothing of it is audible yet) and drop the rest."""
+        if p.done.done():
+            return
+        with p.lock:
+            p.cut = True
+            if p.state is _State.PLAYING and p.frames_out:
+                p.state = _State.FADING
+            elif p.state in (_State.PLAYING, _State.STARVED, _State.PARKED):
+                p.drop()  # nothing audible (lead-in, silence): just end
+                p.state = _State.ENDED
+        p.space.set()
+        self._settle(p)
 
     async def _push(self, p: _Playback, samples: np.ndarray) -> None:
         with p.lock:
@@ -432,9 +581,11 @@ class SpeakerSink:
         # its completion report found us still starting and left the rest to us.
         self._settle(p)
 
-    async def _wait(self, p: _Playback, out: _Output, feeder: asyncio.Task[None]) -> None:
+    async def _wait(self, p: _Playback, feeder: asyncio.Task[None]) -> None:
         """Wait for the utterance to drain; notice a failed feeder or a stalled device."""
-        stall = max(2.0, 4 * out.drain_seconds + 1.0)
+        out = self._out
+        name = out.device_name if out is not None else "?"
+        stall = max(2.0, 4 * (out.drain_seconds if out is not None else 0.0) + 1.0)
         ticks, since = self._ticks, time.monotonic()
 
         def source_error() -> BaseException | None:
@@ -451,12 +602,12 @@ class SpeakerSink:
                 ticks, since = self._ticks, time.monotonic()
             elif time.monotonic() - since > stall:
                 await self._fail(p, SpeakerUnavailable(
-                    f"the sound device {out.device_name!r} stopped taking audio (nothing for "
+                    f"the sound device {name!r} stopped taking audio (nothing for "
                     f"{stall:.0f} s); it will be reopened for the next utterance"))
         error = source_error()
         if error is not None:
             log.warning("speaker: the audio source failed (%s); fading out", error)
-            self.cut()
+            self._cut(p)
             try:
                 await asyncio.wait_for(asyncio.shield(p.done), stall)
             except Exception:
@@ -466,7 +617,7 @@ class SpeakerSink:
 
     async def _fail(self, p: _Playback | None, error: SpeakerUnavailable) -> None:
         log.warning("speaker: %s", error)
-        await self._close_output()
+        await self._close_output(error)
         self._reinit = True
         if p is not None and not p.done.done():
             p.finish(error)
@@ -497,9 +648,18 @@ class SpeakerSink:
                  o.drain_seconds * 1000)
         return o
 
-    async def _close_output(self) -> None:
+    async def _close_output(self, error: SpeakerUnavailable | None = None) -> None:
+        """Close the stream; whatever it was still playing ends (with ``error``)."""
         out, self._out = self._out, None
         self._running = False
+        with self._lock:
+            ended = [q for q in (self._current, self._unclaimed, *self._draining)
+                     if q is not None]
+            self._cue = self._cue_key = self._unclaimed = None
+            self._draining = []
+        for q in ended:
+            if not q.done.done():
+                q.finish(error)
         if out is not None:
             def close() -> None:
                 out.stream.abort()
@@ -636,25 +796,53 @@ class SpeakerSink:
         """The next block of audio (int16 scale, float), and whether the stream should
         complete after it."""
         block = np.zeros(frames, dtype=np.float32)
-        p = self._current
-        if p is None:
-            self._gain = self._target
-            return block, True  # nothing to play: don't keep the device busy
+        with self._lock:
+            self._drain(frames)
+            p = self._current
+            if p is None:
+                self._gain = self._target
+                return block, True  # nothing to play: don't keep the device busy
+            end = self._fill(p, block, 0, xrun)
+            q = self._cue
+            with p.lock:
+                handover = q is not None and p.state is _State.ENDED and not p.cut
+            if q is not None and handover:
+                # p ended by itself and the next one is here: go on in this very block. p is
+                # heard once the device has played what it holds ahead of this block (its
+                # latency), then p's part of the block.
+                p.drain_left = self._drain_frames() + end
+                self._draining.append(p)
+                self._current = self._unclaimed = q
+                self._cue = self._cue_key = None
+                with q.lock:
+                    q.state = _State.PLAYING
+                self._fill(q, block, end, False)
+                p = q
+            with p.lock:
+                # WAITING here: a new utterance met the previous one's stream; let it
+                # complete and start afresh with the pre-roll.
+                stop = p.state in (_State.ENDED, _State.PARKED, _State.DONE, _State.WAITING)
+        return block, stop
+
+    def _fill(self, p: _Playback, block: np.ndarray, start: int, xrun: bool) -> int:
+        """Fill ``block[start:]`` from ``p``: its lead-in silence, its audio, or its fade-out.
+        Returns where ``p``'s part of the block ends."""
+        frames = len(block)
         with p.lock:
             if xrun:
                 p.xruns += 1
-            pos = 0
+            pos = start
             if p.state is _State.STARVED and p.ready():
                 p.state = _State.PLAYING
             elif p.state is _State.STARVED and not p.producing:
                 p.state = _State.ENDED
             if p.state is _State.PLAYING and p.lead_in:
-                pos = min(p.lead_in, frames)
-                p.lead_in -= pos
+                n = min(p.lead_in, frames - pos)
+                p.lead_in -= n
+                pos += n
             audio_from = pos
             if p.state is _State.PLAYING:
-                got = p.take(block[pos:])
-                pos += got
+                pos += p.take(block[pos:])
                 if pos < frames:
                     if p.producing:
                         p.state = _State.STARVED
@@ -663,11 +851,12 @@ class SpeakerSink:
                     else:
                         p.state = _State.ENDED
             elif p.state is _State.FADING:
-                want = min(frames, p.fade_left)
-                got = p.take(block[:want])
-                block[:got] *= (p.fade_left - np.arange(got, dtype=np.float32)) / p.fade_total
+                want = min(frames - pos, p.fade_left)
+                got = p.take(block[pos:pos + want])
+                block[pos:pos + got] *= (p.fade_left - np.arange(got, dtype=np.float32)
+                                         ) / p.fade_total
                 p.fade_left -= got
-                pos = got
+                pos += got
                 if p.fade_left <= 0 or got < want:
                     p.drop()
                     p.state = _State.ENDED
@@ -684,21 +873,39 @@ class SpeakerSink:
             if p.want_space and p.buffered <= p.max_frames // 2:
                 p.want_space = False
                 p.signal(p.space.set)
-            # WAITING here: a new utterance met the previous one's stream; let it complete
-            # and start afresh with the pre-roll.
-            stop = p.state in (_State.ENDED, _State.PARKED, _State.DONE, _State.WAITING)
-            audible = got_audio > 0
-            if audible and p.frames_out == got_audio:  # the utterance's first sound
-                self._gain = self._target  # starts at the volume set, no ramp from before
-        gain = self._gain_curve(frames, audible)
-        if audible:
-            block[audio_from:] *= gain if isinstance(gain, float) else gain[audio_from:]
-        return block, stop
+            first_sound = got_audio > 0 and p.frames_out == got_audio
+        if not got_audio:
+            self._gain = self._target  # silence: jump, nobody hears it
+        else:
+            if first_sound:  # an utterance starts at the volume set, no ramp from before
+                self._gain = self._target
+            block[audio_from:pos] *= self._gain_curve(got_audio)
+        return pos
 
-    def _gain_curve(self, frames: int, audible: bool) -> np.ndarray | float:
+    def _drain(self, frames: int) -> None:
+        """A block more has gone into the device: utterances handed over to a cue whose last
+        sample it has now played are finished."""
+        if not self._draining:
+            return
+        still = []
+        for d in self._draining:
+            d.drain_left -= frames
+            if d.drain_left > 0:
+                still.append(d)
+            else:
+                d.signal(d.finish)
+        self._draining = still
+
+    def _drain_frames(self) -> int:
+        """What the device holds ahead of the block being written, in frames, as PortAudio
+        reports it (its output latency; ALSA may hold up to a period more, and buffers past
+        the device are not seen, as by PortAudio's own drain)."""
+        out = self._out
+        return int(out.drain_seconds * out.rate) if out is not None else 0
+
+    def _gain_curve(self, frames: int) -> np.ndarray | float:
         target, current = self._target, self._gain
-        if not audible or current == target:
-            self._gain = target  # silence: jump, nobody hears it
+        if current == target:
             return target
         step = 1.0 / (VOLUME_RAMP_SECONDS * (self._out.rate if self._out else 48000))
         ramp = current + np.sign(target - current) * step * np.arange(1, frames + 1)
@@ -720,6 +927,10 @@ class SpeakerSink:
         if generation != self._generation:
             return  # a report from before the latest start
         self._running = False
+        with self._lock:  # the stream has drained: whatever was handed over has been heard
+            drained, self._draining = self._draining, []
+        for d in drained:
+            d.finish()
         p = self._current
         if self._closing or p is None or p.done.done():
             return
