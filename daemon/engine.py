@@ -7,9 +7,16 @@ receives finished chunks through a bounded queue. Cancelling the consumer (a sto
 utterance, a vanished client) stops the worker at the next chunk boundary.
 
 A stream whose consumer is slow (a speaker playing in real time) parks its thread on the
-full queue. So threads are plentiful, and what is limited is the CPU work: a semaphore of
-``workers`` slots is held only while one chunk is computed. Concurrent streams therefore
-take turns chunk by chunk, and a parked stream never starves the others.
+full queue. So stream threads are plentiful, and what is limited is the CPU work: every
+chunk is computed on one of ``workers`` CPU threads, and the stream's thread only waits for
+it and hands it over. Concurrent streams therefore take turns chunk by chunk, and a parked
+stream never starves the others.
+
+Torch runs on those CPU threads only, never on the loop's or a stream's. Each thread that
+runs torch at two or more intra-op threads keeps its own OpenMP team, and once the process
+has more OpenMP threads than cores, libgomp stops letting idle team threads spin between
+operations: at ``voices.threads = 2`` on two cores, a second team made every operation
+1.5-2x slower (bench/README.md).
 """
 
 from __future__ import annotations
@@ -51,8 +58,9 @@ class Engine:
         self.composer = Composer(catalog)
         set_threads(settings.threads)
         self._pool = ThreadPoolExecutor(max_workers=max(settings.max_streams, settings.workers),
-                                        thread_name_prefix="herald-synth")
-        self._cpu = threading.BoundedSemaphore(settings.workers)
+                                        thread_name_prefix="herald-stream")
+        self._cpu = ThreadPoolExecutor(max_workers=settings.workers,
+                                       thread_name_prefix="herald-synth")
 
     def resolve_voice(self, name: str | None = None, language: str | None = None,
                       default: str | None = None) -> str:
@@ -87,7 +95,7 @@ class Engine:
     async def preload(self, voice: str | None = None) -> None:
         """Load a voice's weights off the loop (start-up, before READY)."""
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._pool, self.catalog.synthesizer, voice)
+        await loop.run_in_executor(self._cpu, self.catalog.synthesizer, voice)
 
     def planner(self, voice: str | None, options: SynthesisOptions,
                 text_format: TextFormat = "text") -> Planner:
@@ -152,8 +160,9 @@ class Engine:
         def work() -> None:
             try:
                 while not cancelled.is_set():
-                    with self._cpu:  # a voice loads lazily here, under the slot
-                        chunk = next(composition, None)
+                    # On a CPU thread (a voice loads lazily here too); generators may be
+                    # resumed from any thread, one step at a time.
+                    chunk = self._cpu.submit(next, composition, None).result()
                     if chunk is None:
                         put(_DONE)
                         return
@@ -181,3 +190,4 @@ class Engine:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._cpu.shutdown(wait=False, cancel_futures=True)
