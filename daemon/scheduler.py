@@ -386,9 +386,6 @@ class Scheduler:
         samples = 0
         underruns = 0
 
-        def first_audio() -> None:
-            _first_audio(t)
-
         async def pcm() -> AsyncIterator[bytes]:
             nonlocal samples, error
             try:
@@ -399,7 +396,7 @@ class Scheduler:
                     for s in streams:
                         s.write(data)
                     if not on_speaker:
-                        first_audio()
+                        _first_audio(t)
                     self._progress()
                     yield data
             except _SynthesisFailed as e:  # play what came before it, then report
@@ -408,7 +405,7 @@ class Scheduler:
         try:
             if on_speaker:
                 assert self.speaker is not None
-                stats = await self.speaker.play(fmt, pcm(), first_audio, key=utt,
+                stats = await self.speaker.play(fmt, pcm(), partial(_first_audio, t), key=utt,
                                                 pause=self.synthesis.paragraph_silence)
                 underruns = stats.underruns
                 utt.cut = utt.cut or stats.cut

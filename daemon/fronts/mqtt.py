@@ -177,13 +177,11 @@ class MqttFront:
 
     # ------------------------------------------------------------------ publishing
 
-    def publish(self, topic: str, payload: bytes | str, qos: int = 1, retain: bool = False,
-                checked: bool = False) -> mqtt.MQTTMessageInfo | None:
-        """Publish from any thread; QoS >= 1 messages wait in paho while disconnected.
-        ``checked``: the caller has validated the topic already (the audio sink checks an
-        utterance's topics once, not on every chunk)."""
-        if not checked:
-            check_publish_topic(topic)
+    def publish(self, topic: str, payload: bytes | str, qos: int = 1,
+                retain: bool = False) -> mqtt.MQTTMessageInfo | None:
+        """Publish from any thread; QoS >= 1 messages wait in paho while disconnected. Every
+        topic is checked (under a microsecond: not worth a caller-side shortcut)."""
+        check_publish_topic(topic)
         if self._client is None:
             return None
         return self._client.publish(topic, payload, qos, retain)

@@ -3,8 +3,6 @@
 The engine's chunks vary in length (small first, larger later); subscribers (a satellite
 speaker, a recorder) are simpler when every chunk is the same duration, so the PCM is
 re-cut into ``chunk_ms`` pieces here. Only the last chunk may be shorter.
-
-An utterance's topics are checked once, when its stream opens, not on every chunk.
 """
 
 from __future__ import annotations
@@ -15,9 +13,9 @@ from collections.abc import Callable
 from tts import AudioFormat
 
 from ..settings import MqttAudioSettings
-from ..topics import Topics, check_publish_topic
+from ..topics import Topics
 
-Publish = Callable[[str, bytes | str, int, bool, bool], object]  # ..., qos, retain, checked
+Publish = Callable[[str, bytes | str, int, bool], object]
 
 
 class MqttAudioStream:
@@ -33,13 +31,7 @@ class MqttAudioStream:
         self.chunks = 0
         self.bytes = 0
         self.closed = False
-        topics = sink.topics
-        self._stop_topic = check_publish_topic(topics.audio_stop(request_id))
-        # Chunk topics differ from the first one only in their last level, the number.
-        first_chunk = check_publish_topic(topics.audio_chunk(request_id, 0))
-        self._chunk_topic = first_chunk.rpartition("/")[0]
-        sink.send(check_publish_topic(topics.audio_start(request_id)),
-                  json.dumps(fmt.as_dict()))
+        sink.send(sink.topics.audio_start(request_id), json.dumps(fmt.as_dict()))
 
     @property
     def samples(self) -> int:
@@ -59,10 +51,10 @@ class MqttAudioStream:
             self._send(bytes(self._pending))
             self._pending.clear()
         stop = {"chunks": self.chunks, "samples": self.samples, "outcome": outcome}
-        self.sink.send(self._stop_topic, json.dumps(stop))
+        self.sink.send(self.sink.topics.audio_stop(self.request_id), json.dumps(stop))
 
     def _send(self, data: bytes) -> None:
-        self.sink.send(f"{self._chunk_topic}/{self.chunks}", data)
+        self.sink.send(self.sink.topics.audio_chunk(self.request_id, self.chunks), data)
         self.chunks += 1
         self.bytes += len(data)
 
@@ -79,5 +71,4 @@ class MqttAudioSink:
         return MqttAudioStream(self, request_id, fmt)
 
     def send(self, topic: str, payload: bytes | str) -> None:
-        """Publish on a topic the stream has checked."""
-        self.publish(topic, payload, self.settings.qos, self.settings.retain, True)
+        self.publish(topic, payload, self.settings.qos, self.settings.retain)
