@@ -11,25 +11,83 @@ from sentences import LONG_SENTENCE
 from synthetic_voice import VARIANTS, random_model
 
 from tts import SynthesisOptions
-from tts.stream import decode_windows, window_plan
+from tts.stream import FlowPace, decode_windows, window_plan
+
+
+def stopped_clock() -> float:
+    """Time that never moves: all audio handed out stays buffered, so a ``FlowPace`` lets
+    the flow run as far ahead as its cap allows."""
+    return 0.0
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("frames", [5, 37, 300])
-def test_windows_equal_one_shot(variant: str, frames: int) -> None:
+@pytest.mark.parametrize("ahead", [0, 50])
+def test_windows_equal_one_shot(variant: str, frames: int, ahead: int) -> None:
     model = random_model(VARIANTS[variant])
     torch.manual_seed(1)
     z_p = torch.randn(1, model.config.inter_channels, frames)
     g = model.speaker_embedding(2)
     with torch.inference_mode():
         whole = model.decode(z_p, g)[0, 0].numpy()
-    chunks = [c for c, _ in decode_windows(model, z_p, g)]
+    pace = FlowPace(16000, cap=ahead, clock=stopped_clock) if ahead else None
+    chunks = [c for c, _ in decode_windows(model, z_p, g, pace=pace)]
     streamed = np.concatenate(chunks)
     assert len(streamed) == len(whole) == frames * model.config.hop_length
     assert np.abs(streamed - np.clip(whole, -1, 1)).max() < 1e-4
     assert np.abs(whole).max() > 1e-3  # the comparison is not between two silences
     if frames >= 37:
         assert len(chunks) > 1
+
+
+class StepClock:
+    """Advances only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_flow_runs_ahead_only_as_far_as_the_buffered_audio_pays_for() -> None:
+    clock = StepClock()
+    pace = FlowPace(1000, cap=400, clock=clock)
+    assert pace.ahead() == 0  # before the first audio: nothing buffered, nothing ahead
+    pace.flow_ran(frames=50, seconds=0.05)  # 1 ms a frame
+    assert pace.ahead() == 0
+    pace.out(200)  # 0.2 s of audio handed out at t = 0
+    assert pace.ahead() == 100  # half of the 0.2 s buffered, at 1 ms a frame
+    clock.now = 0.15
+    assert pace.ahead() == 25  # 0.05 s still buffered
+    clock.now = 0.3
+    assert pace.ahead() == 0  # playback would have caught up: no running ahead
+    pace.out(2000)
+    assert pace.ahead() == 400  # capped
+    pace.flow_ran(frames=10, seconds=1.0)  # the machine got slow
+    assert pace.ahead() == 9
+
+
+def test_a_paced_stream_pushes_the_flow_fewer_times(synth) -> None:  # type: ignore[no-untyped-def]
+    """The real voice, a stopped clock: the flow runs ahead and the audio is the same."""
+    opts = SynthesisOptions(seed=5).with_defaults(synth.voice)
+    z_p, g = synth.prior(synth.sentences(LONG_SENTENCE)[0], opts)
+    pushes: list[int] = []
+
+    class Counting(FlowPace):
+        def flow_ran(self, frames: int, seconds: float) -> None:
+            pushes.append(frames)
+            super().flow_ran(frames, seconds)
+
+    plain = np.concatenate([c for c, _ in decode_windows(synth.model, z_p, g,
+                                                         pace=Counting(22050, cap=0))])
+    windows = len(pushes)
+    pushes.clear()
+    ahead = np.concatenate([c for c, _ in decode_windows(
+        synth.model, z_p, g, pace=Counting(22050, cap=400, clock=stopped_clock))])
+    assert sum(pushes) == z_p.shape[2]
+    assert len(pushes) < windows / 2, (pushes, windows)
+    assert np.abs(ahead - plain).max() < 1e-4
 
 
 def test_window_plan() -> None:
