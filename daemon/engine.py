@@ -88,6 +88,11 @@ class Engine:
             what = f"unknown voice {name!r}: no voice has that name or" if name else "no voice"
             raise UnknownVoice(f"{what} speaks {language!r}; installed: {installed}") from None
 
+    def check_speaker(self, voice: str, speaker: str | int | None) -> None:
+        """Refuse (``VoiceError``) a speaker the installed ``voice`` does not have. Reads only
+        the voice's config: fronts call it before queueing, without loading weights."""
+        self.catalog.resolve(voice).speaker_id(speaker)
+
     def audio_format(self, voice: str | None = None) -> AudioFormat:
         """The one format a stream for this request voice comes in (others are resampled)."""
         return self.composer.audio_format(voice)

@@ -22,12 +22,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tts import SynthesisOptions, VoiceError
 from tts.compose import Planner, Step
 from tts.text import MarkupError, TextFormat, parse_ssml
+from tts.text.markup import MAX_RATE, MIN_RATE
 
 from .metrics import Timeline
 from .topics import TopicError, check_request_id
 
 Mode = Literal["queue", "interrupt"]
 SINKS = ("speaker", "mqtt")
+# A request's ``rate`` (a length scale, > 1 slower), the same on every front: the bounds of
+# markup's speed factors, which are symmetric around 1, so they bound either reading.
+RATE_RANGE = (MIN_RATE, MAX_RATE)
+# A request's ``seed``, the same range on every front. torch's generator takes any 64-bit
+# value; a bigger one would fail only when synthesis starts, after ``queued`` and ``started``.
+SEED_RANGE = (0, 2**63 - 1)
+# Text that passed every check but in which espeak-ng found nothing to pronounce ("...", a
+# lone tag): every front refuses it with this, rather than reporting silence as spoken.
+NOTHING_TO_SAY = "the text has nothing espeak-ng can pronounce: send words"
 
 
 class RequestError(ValueError):
@@ -173,22 +183,34 @@ class Request:
 class _Fields(BaseModel):
     """The JSON fields of `say` (and of the first `say/stream` piece)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # NaN and infinity are valid JSON to Python's parser; no field here means anything by them
+    # (a NaN ts would even pass the max_age check).
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     text: str
     id: str | None = None
     voice: str | None = None
     speaker: str | int | None = None
-    rate: float | None = Field(None, gt=0, le=10)
+    rate: float | None = Field(None, ge=RATE_RANGE[0], le=RATE_RANGE[1])
     volume: float | None = Field(None, ge=0, le=1)
     mode: Mode = "queue"
     priority: int = Field(0, ge=-1000, le=1000)
     sinks: list[str] | None = None
     ts: float | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     noise_scale: float | None = Field(None, ge=0, le=2)
     noise_w: float | None = Field(None, ge=0, le=2)
     format: TextFormat = "text"
+
+    @field_validator("speaker", mode="before")
+    @classmethod
+    def _speaker(cls, v: object) -> object:
+        """One message for the union (pydantic would report "speaker.str: Input should be a
+        valid string" for 1.5); true/false are not speaker numbers."""
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (str, int))):
+            shown = json.dumps(v) if isinstance(v, (bool, float)) else f"a {type(v).__name__}"
+            raise ValueError(f"must be a speaker name or a whole number (its index), not {shown}")
+        return v
 
     @field_validator("sinks")
     @classmethod
@@ -213,6 +235,7 @@ class Limits:
     max_text: int
     default_sinks: tuple[str, ...]
     resolve_voice: Callable[[str | None], str]  # name or None -> installed name (UnknownVoice)
+    check_speaker: Callable[[str, str | int | None], None]  # installed voice, speaker (VoiceError)
     max_age: float | None = None
 
 
@@ -234,6 +257,9 @@ def parse_json(text: str) -> Any:
         return json.loads(text)
     except ValueError as e:
         raise RequestError(f"malformed JSON: {e}") from None
+    except RecursionError:  # [[[[...: Python's parser recurses once per level
+        raise RequestError("malformed JSON: nested too deeply; send a flat object like "
+                           '{"text": "..."}') from None
 
 
 def json_object(text: str, example: str = '{"text": "..."}') -> dict[str, Any]:
@@ -283,6 +309,7 @@ def _build(f: _Fields, limits: Limits, front: str, timeline: Timeline | None,
                                f"{limits.max_age:g} s: not spoken late", rid)
     try:
         voice = limits.resolve_voice(f.voice)
+        limits.check_speaker(voice, f.speaker)
     except VoiceError as e:
         raise RequestError(str(e), rid) from None
     if f.format == "ssml" and stream is None:

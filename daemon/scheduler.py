@@ -32,7 +32,7 @@ from tts.compose import Step
 
 from .engine import Engine
 from .metrics import LatencyRecord, Metrics, Timeline
-from .request import Request, RequestError
+from .request import NOTHING_TO_SAY, Request, RequestError
 from .settings import SchedulerSettings
 from .sinks.speaker import SpeakerSink, SpeakerUnavailable
 
@@ -422,6 +422,8 @@ class Scheduler:
         finally:
             if utt.producer and not utt.producer.done():
                 utt.producer.cancel()
+            if samples == 0 and not error and not utt.cut and req.audio is None:
+                error = NOTHING_TO_SAY  # "...": silence is not "finished" (HTTP says 400)
             outcome = "error" if error else ("stopped" if utt.cut else "finished")
             for s in streams:
                 try:

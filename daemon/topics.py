@@ -46,7 +46,8 @@ def check_level(value: str, what: str) -> str:
 
 def check_request_id(value: str) -> str:
     if not _ID_RE.match(value):
-        raise TopicError(f"id {value!r} is not usable: use 1-64 letters, digits, '_', '-', "
+        shown = repr(value) if len(value) <= 64 else f"of {len(value)} characters"
+        raise TopicError(f"id {shown} is not usable: use 1-64 letters, digits, '_', '-', "
                          "'.' or ':' (it becomes part of the audio topics)")
     return value
 

@@ -382,6 +382,18 @@ BAD_REQUESTS = [
     ("unsupported type", "/tts", {"data": b"<x/>", "headers": {
         "Content-Type": "application/xml"}}, 415, "application/json"),
     ("unknown endpoint", "/speak", {"json": {"text": "hi"}}, 404, "no such endpoint"),
+    ("JSON nested too deeply", "/tts", {"data": b'{"text": "hi", "x": ' + b"[" * 2000
+                                        + b"]" * 2000 + b"}", "headers": {
+        "Content-Type": "application/json"}}, 400, "nested too deeply"),
+    ("batch nested too deeply", "/tts/batch", {"data": b"[" * 2000 + b"]" * 2000, "headers": {
+        "Content-Type": "application/json"}}, 400, "nested too deeply"),
+    ("rate beyond any float", "/tts", {"data": b'{"text": "hi", "rate": 1' + b"0" * 400 + b"}",
+                                       "headers": {"Content-Type": "application/json"}}, 400,
+     "'rate' must be a number from 0.25 to 4.0, not 1000"),
+    ("seed with a fraction", "/tts", {"json": {"text": "hi", "seed": 1.5}}, 400,
+     "'seed' must be a whole number"),
+    ("speaker with a fraction", "/tts", {"json": {"text": "hi", "speaker": 1.5}}, 400,
+     "a whole number (its index), not 1.5"),
 ]
 REASONS = {400: "bad_request", 404: "not_found", 413: "too_large", 415: "unsupported_media_type"}
 
@@ -399,6 +411,14 @@ async def test_bad_requests_get_a_clear_error(start, path, kwargs, status, words
         "herald_requests_total", {"front": "http", "outcome": reason}) == 1
     async with srv.session.post(f"{srv.url}/tts", json={"text": SHORT}) as r:
         assert r.status == 200  # and the next client is served
+
+
+async def test_a_huge_bad_value_is_not_echoed_whole(start) -> None:  # type: ignore[no-untyped-def]
+    srv = await start()
+    async with srv.session.post(f"{srv.url}/tts", json={"text": "hi", "seed": "nine" * 750}) as r:
+        assert r.status == 400
+        message = await error_of(r)
+    assert message.startswith("'seed' must be a whole number") and len(message) < 200
 
 
 async def test_wrong_method_is_refused(start) -> None:  # type: ignore[no-untyped-def]

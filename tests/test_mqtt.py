@@ -136,7 +136,8 @@ def client(herald: Herald) -> Iterator[Client]:
 @pytest.fixture
 def limits(catalog: Any) -> Limits:
     return Limits(max_text=200, default_sinks=("speaker",), max_age=60.0,
-                  resolve_voice=lambda name: catalog.resolve(name).name)
+                  resolve_voice=lambda name: catalog.resolve(name).name,
+                  check_speaker=lambda voice, speaker: catalog.resolve(voice).speaker_id(speaker))
 
 
 def test_say_payload_plain_text_and_json(limits: Limits) -> None:
@@ -161,11 +162,20 @@ def test_say_payload_plain_text_and_json(limits: Limits) -> None:
     (b'{"text": "hi"', "malformed JSON"), (b'{"text": ""}', "empty text"),
     (b'{"txt": "hi"}', "text: required field missing"), (b'{"text": "hi", "x": 1}', "x: unknown"),
     (b'{"text": "hi", "voice": "nobody"}', "unknown voice"),
-    (b'{"text": "hi", "rate": 0}', "rate: Input should be greater than 0"),
+    (b'{"text": "hi", "rate": 0}', "rate: Input should be greater than or equal to 0.25"),
+    (b'{"text": "hi", "rate": 10}', "rate: Input should be less than or equal to 4"),
+    (b'{"text": "hi", "speaker": "bob"}', "has a single speaker; got 'bob'"),  # before queueing
     (b'{"text": "hi", "mode": "now"}', "mode: Input should be 'queue' or 'interrupt'"),
     (b'{"text": "hi", "priority": true}', "priority"),
     (b'{"text": "hi", "sinks": "mqtt"}', "sinks"), (b'{"text": "hi", "id": "a+b"}', "id"),
     (b'{"text": "hi", "ts": 1}', "not spoken late"),
+    (b'{"text": "hi", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}", "malformed JSON: nested too"),
+    (b'{"text": "hi", "ts": NaN}', "ts: Input should be a finite number"),  # would pass max_age
+    (b'{"text": "hi", "rate": NaN}', "rate: Input should be a finite number"),
+    (b'{"text": "hi", "seed": 1208925819614629174706176}', "seed: Input should be less than"),
+    (b'{"text": "hi", "speaker": 1.5}', "speaker: must be a speaker name or a whole number"),
+    (b'{"text": "hi", "speaker": true}', "speaker: must be a speaker name or a whole number"),
+    (b'{"text": "hi", "id": "' + b"x" * 5000 + b'"}', "id of 5000 characters is not usable"),
 ])
 def test_say_payload_errors(limits: Limits, payload: bytes, message: str) -> None:
     with pytest.raises(RequestError, match=re.escape(message)):
@@ -279,6 +289,20 @@ def test_say_stream_reorders_pieces_and_refuses_a_bad_stream_whole(client: Clien
     assert "unknown voice" in errors[0]["error"] and "already ended" in errors[1]["error"]
 
 
+def test_say_stream_pieces_held_for_a_missing_one_count_towards_max_text(
+        client: Client) -> None:
+    # Piece 0 never comes. What waits for it must not pile up for as long as pieces keep
+    # coming (each restarts mqtt.stream_timeout): past mqtt.max_text (10000) it is refused.
+    for seq in (1, 2, 3):
+        client.publish("say/stream", json.dumps({"id": "held", "seq": seq, "sinks": ["mqtt"],
+                                                 "text": "word " * 800}))  # 4000 characters
+    err = client.wait_event("held")
+    assert err["event"] == "error" and "(mqtt.max_text)" in err["error"], err
+    assert [e["event"] for e in client.events("held")] == ["queued", "started", "error"]
+    client.say(id="after-held", text="Still here.", sinks=["mqtt"])
+    assert client.wait_event("after-held")["event"] == "finished"
+
+
 # --------------------------------------------------------------------------- text and markup
 
 QUIET = {"sinks": ["mqtt"], "noise_scale": 0, "noise_w": 0}  # deterministic audio
@@ -384,6 +408,7 @@ def test_stop_by_id_and_stop_all(client: Client) -> None:
 MB_TEXT = b"blah " * 200_000
 BAD_UTF8 = b"caf\xc3\x28 \xff\xfe"
 JUNK = b"\x00\x01\x02\x03PK\x03\x04\x1b[2J"
+DEEP_JSON = b'{"text": "hi", "voice": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
 BAD_INPUT: list[tuple[str, bytes]] = [
     ("say", b""), ("say", MB_TEXT), ("say", BAD_UTF8), ("say", b'{"text": "hi",'),
     ("say", b'{"text": "hi", "voice": "xx_XX-nobody-low"}'), ("say", JUNK),
@@ -398,6 +423,7 @@ BAD_INPUT: list[tuple[str, bytes]] = [
     ("set/volume", b"{"), ("set/volume", b"loud"), ("set/volume", b"1.5"), ("set/volume", JUNK),
     ("set/voice", b""), ("set/voice", MB_TEXT), ("set/voice", BAD_UTF8), ("set/voice", b"{"),
     ("set/voice", b"xx_XX-nobody-low"), ("set/voice", JUNK),
+    ("say", DEEP_JSON), ("set/voice", DEEP_JSON),
 ]
 
 
@@ -420,8 +446,9 @@ def test_bad_input_gets_an_error_event_each_and_herald_keeps_serving(client: Cli
     assert all(e["error"] and len(e["error"]) < 400 for e in errors)
     messages = " | ".join(e["error"] for e in errors)
     for expected in ("empty text", "limit is", "not valid UTF-8", "malformed JSON",
-                     "unknown voice", "binary data", "volume must be"):
+                     "unknown voice", "binary data", "volume must be", "nested too deeply"):
         assert expected in messages, expected
+    assert "internal error" not in messages
     # still serving
     client.say(id="after-bad", text="Still here.", sinks=["mqtt"])
     assert client.wait_event("after-bad")["event"] == "finished"

@@ -23,7 +23,7 @@ from audio_checks import assert_pcm_close, assert_speech, pcm16
 
 from daemon.engine import Engine
 from daemon.metrics import LatencyRecord, Metrics
-from daemon.request import Request, RequestError, TextStream
+from daemon.request import NOTHING_TO_SAY, Request, RequestError, TextStream
 from daemon.scheduler import AudioBuffer, Scheduler
 from daemon.settings import SchedulerSettings
 from daemon.sinks.speaker import PlaybackStats
@@ -290,6 +290,28 @@ async def test_synthesis_error_is_an_error_event(engine: Engine) -> None:
     assert outcome == "error"
     assert r.events[-1] == ("bad", "error")
     assert r.records[-1].outcome == "error"
+
+
+async def test_text_with_nothing_to_pronounce_is_an_error_not_silence(engine: Engine) -> None:
+    """"..." passes the text checks, but espeak-ng finds no word in it: reported "finished",
+    the sender would believe it was spoken (HTTP answers 400 with the same message). A pause
+    alone is audio that was asked for."""
+    r = rig(engine, speaker=PacedSpeaker(speed=8.0))
+    errors: dict[str, str] = {}
+    r.scheduler.add_listener(lambda ev: errors.update({ev["id"]: ev["error"]})
+                             if ev["event"] == "error" else None)
+    streamed = req("streamed", "")
+    streamed.stream = TextStream()
+    done = [r.scheduler.submit(req("dots", "...")),
+            r.scheduler.submit(req("tag", "[rate 0.8]", sinks=("speaker",))),
+            r.scheduler.submit(streamed),
+            r.scheduler.submit(req("pause", "[pause 300ms]"))]
+    streamed.stream.feed("?!", final=True)
+    assert await asyncio.wait_for(asyncio.gather(*done), 60) == ["error"] * 3 + ["finished"]
+    assert errors == dict.fromkeys(("dots", "tag", "streamed"), NOTHING_TO_SAY)
+    assert {rec.id: rec.outcome for rec in r.records} == {
+        "dots": "error", "tag": "error", "streamed": "error", "pause": "ok"}
+    assert r.recorder.streams["dots"].outcome == "error"  # the audio topics say so too
 
 
 async def test_streamed_text_is_one_utterance(engine: Engine) -> None:

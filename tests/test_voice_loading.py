@@ -10,7 +10,7 @@ import pytest
 import torch
 from synthetic_voice import VARIANTS, export_like_piper, random_model
 
-from tts.voice import VoiceError, load_onnx_weights
+from tts.voice import VoiceConfig, VoiceError, VoiceInfo, load_onnx_weights
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -76,3 +76,24 @@ def test_not_a_voice(tmp_path: Path) -> None:
     bad.write_bytes(b"this is not a model")
     with pytest.raises(VoiceError):
         load_onnx_weights(bad)
+
+
+def _info(num_speakers: int, names: dict[str, int]) -> VoiceInfo:
+    config = VoiceConfig.from_json({"audio": {"sample_rate": 22050}, "num_speakers": num_speakers,
+                                    "speaker_id_map": names, "phoneme_id_map": {"_": [0]}})
+    return VoiceInfo("xx_XX-test-medium", Path("v.onnx"), Path("v.onnx.json"), config)
+
+
+def test_speakers_resolve_from_the_config_alone() -> None:
+    """Fronts refuse a speaker before queueing, with no weights loaded (``VoiceInfo``)."""
+    multi = _info(3, {"ann": 0, "bo": 2, "cy": 1})
+    assert multi.speakers == ["ann", "cy", "bo"]
+    assert [multi.speaker_id(s) for s in ("bo", 1, "2", None, "")] == [2, 1, 2, 0, 0]
+    with pytest.raises(VoiceError, match="has no speaker 'dee'; known: ann, cy, bo"):
+        multi.speaker_id("dee")
+    with pytest.raises(VoiceError, match="has no speaker 3: speakers are 0..2"):
+        multi.speaker_id(3)
+    single = _info(1, {})
+    assert single.speaker_id(None) is None and single.speaker_id(0) is None
+    with pytest.raises(VoiceError, match="has a single speaker; got 'ann'"):
+        single.speaker_id("ann")

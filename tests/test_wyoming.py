@@ -456,6 +456,15 @@ ERROR_CASES: dict[str, tuple[list[Event | bytes], str]] = {
                                     SynthesizeStop().event()], "bad-markup"),
     "synthesize without text": ([header("synthesize", {"voice": {"name": "x"}})], "bad-request"),
     "text that is not a string": ([header("synthesize", {"text": 42})], "bad-request"),
+    # unrefused, the library would drop a voice that is not an object (the default speaks)
+    # and a speaker without a voice name, and read true as speaker 1
+    "voice that is not an object": ([header("synthesize", {"text": "hi",
+                                                           "voice": "en_US-joe-medium"})],
+                                    "bad-request"),
+    "speaker that is true/false": ([header("synthesize", {"text": "hi", "voice": {
+        "name": "en_US-joe-medium", "speaker": True}})], "bad-request"),
+    "speaker without a voice name": ([header("synthesize", {"text": "hi", "voice": {
+        "language": "en", "speaker": "7"}})], "bad-request"),
     "not JSON": ([raw("this is not a Wyoming event")], "malformed-event"),
     "binary junk": ([raw(b"\x00\xff\xfe garbage \x81\n")], "malformed-event"),
     "JSON without a type": ([raw('{"data": {"text": "hi"}}')], "malformed-event"),

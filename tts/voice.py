@@ -95,6 +95,31 @@ class VoiceInfo:
                 "sample_rate": c.sample_rate, "speakers": c.num_speakers,
                 "speaker_names": self.speakers, "default": default}
 
+    def speaker_id(self, speaker: str | int | None) -> int | None:
+        """Resolve a speaker name or number; None for single-speaker voices.
+
+        Needs only the config, so a front can refuse an unknown speaker before anything
+        is queued or loaded."""
+        if self.config.num_speakers <= 1:
+            if speaker not in (None, "", 0, "0"):
+                raise VoiceError(f"voice {self.name} has a single speaker; got {speaker!r}")
+            return None
+        if speaker is None or speaker == "":
+            return 0
+        if isinstance(speaker, str) and speaker in self.config.speaker_id_map:
+            return self.config.speaker_id_map[speaker]
+        try:
+            sid = int(speaker)
+        except ValueError:
+            raise VoiceError(
+                f"voice {self.name} has no speaker {speaker!r}; "
+                f"known: {', '.join(self.speakers) or f'0..{self.config.num_speakers - 1}'}"
+            ) from None
+        if not 0 <= sid < self.config.num_speakers:
+            raise VoiceError(f"voice {self.name} has no speaker {sid}: speakers are "
+                             f"0..{self.config.num_speakers - 1}")
+        return sid
+
     @classmethod
     def from_files(cls, model_path: Path, config_path: Path | None = None) -> VoiceInfo:
         config_path = config_path or model_path.with_name(model_path.name + ".json")
@@ -127,25 +152,7 @@ class Voice:
         return cls(info, model)
 
     def speaker_id(self, speaker: str | int | None) -> int | None:
-        """Resolve a speaker name or number; None for single-speaker voices."""
-        if self.config.num_speakers <= 1:
-            if speaker not in (None, "", 0, "0"):
-                raise VoiceError(f"voice {self.name} has a single speaker; got {speaker!r}")
-            return None
-        if speaker is None or speaker == "":
-            return 0
-        if isinstance(speaker, str) and speaker in self.config.speaker_id_map:
-            return self.config.speaker_id_map[speaker]
-        try:
-            sid = int(speaker)
-        except ValueError:
-            raise VoiceError(
-                f"voice {self.name} has no speaker {speaker!r}; "
-                f"known: {', '.join(self.info.speakers) or f'0..{self.config.num_speakers - 1}'}"
-            ) from None
-        if not 0 <= sid < self.config.num_speakers:
-            raise VoiceError(f"speaker {sid} out of range 0..{self.config.num_speakers - 1}")
-        return sid
+        return self.info.speaker_id(speaker)
 
 
 # --------------------------------------------------------------------------- ONNX -> torch

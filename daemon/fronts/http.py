@@ -38,7 +38,16 @@ from tts.text import MarkupError, TextFormat, parse_ssml
 
 from ..context import Context
 from ..metrics import LatencyRecord, Timeline
-from ..request import RequestError, TextTooLong, check_text, json_object, parse_json
+from ..request import (
+    NOTHING_TO_SAY,
+    RATE_RANGE,
+    SEED_RANGE,
+    RequestError,
+    TextTooLong,
+    check_text,
+    json_object,
+    parse_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +57,6 @@ WEB_DIR = Path(__file__).resolve().parent / "web"
 OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin",
                            "nova", "onyx", "sage", "shimmer", "verse"})
 OPENAI_FORMATS = ("wav", "pcm")
-RATE_RANGE = (0.25, 4.0)  # length_scale for `rate`, 1/x for OpenAI's `speed`
 SPEECH_FIELDS = frozenset({"text", "voice", "speaker", "rate", "seed", "stream", "format"})
 TEXT_FORMATS = ("text", "ssml")
 _TRUE = {"1", "true", "yes", "on"}
@@ -92,7 +100,7 @@ class NothingToSay(ApiError):
     """The text passed every check, but espeak-ng found no words in it (``"..."``)."""
 
     def __init__(self) -> None:
-        super().__init__(400, "the text has nothing espeak-ng can pronounce: send words")
+        super().__init__(400, NOTHING_TO_SAY)
 
 
 @dataclass(frozen=True)
@@ -279,17 +287,17 @@ class HttpFront:
         would otherwise be spoken in the default voice without a word."""
         unknown = sorted(set(fields) - known)
         if unknown:
-            raise ApiError(400, f"{where}unknown field {unknown[0]!r}; known fields: "
+            raise ApiError(400, f"{where}unknown field {_shown(unknown[0])}; known fields: "
                            f"{', '.join(sorted(known))}")
         text = self._text(fields, "text", where)
         text_format = _text_format(fields, text, where)
         rate = _number(fields, "rate", *RATE_RANGE, where=where)
-        seed = _number(fields, "seed", 0, 2**63 - 1, where=where, integer=True)
+        seed = _number(fields, "seed", *SEED_RANGE, where=where, integer=True)
         base = self.ctx.synthesis
         options = replace(base, length_scale=base.length_scale if rate is None else rate,
                           speaker=_speaker(fields, where),
                           seed=None if seed is None else int(seed))
-        voice = await self._voice(_string(fields, "voice", where), options.speaker)
+        voice = self._voice(_string(fields, "voice", where), options.speaker)
         return Speech(text, voice, options, stream=_bool(fields, "stream", where),
                       text_format=text_format)
 
@@ -302,7 +310,7 @@ class HttpFront:
         return check_text(_CONTROL.sub(" ", value), self.settings.max_text_chars,
                           "http.max_text_chars", field=repr(key), where=where)
 
-    async def _voice(self, name: str | None, speaker: str | int | None) -> str:
+    def _voice(self, name: str | None, speaker: str | int | None) -> str:
         """The installed voice asked for by name or language (404 if none); the speaker
         checked against it (400)."""
         engine = self.ctx.engine
@@ -310,13 +318,10 @@ class HttpFront:
             voice = engine.resolve_voice(name)
         except UnknownVoice as e:
             raise ApiError(404, str(e), reason="unknown_voice") from None
-        if speaker is not None:
-            def check() -> None:  # the loaded voice owns the speaker map; loading may take a while
-                engine.catalog.synthesizer(voice).voice.speaker_id(speaker)
-            try:
-                await asyncio.to_thread(check)
-            except VoiceError as e:
-                raise ApiError(400, str(e)) from None
+        try:
+            engine.check_speaker(voice, speaker)
+        except VoiceError as e:
+            raise ApiError(400, str(e)) from None
         return voice
 
     # ------------------------------------------------------------------ synthesis endpoints
@@ -348,10 +353,10 @@ class HttpFront:
                 name = None
             fmt = (_string(fields, "response_format") or "wav").lower()
             if fmt not in OPENAI_FORMATS:
-                raise ApiError(400, f"response_format {fmt!r} is not supported; supported: "
+                raise ApiError(400, f"response_format {_shown(fmt)} is not supported; supported: "
                                f"{', '.join(OPENAI_FORMATS)}")
-            speed = _number(fields, "speed", *RATE_RANGE)
-            voice = await self._voice(name, None)
+            speed = _number(fields, "speed", *RATE_RANGE)  # 1/x of a rate: same bounds
+            voice = self._voice(name, None)
             # speed is relative to the voice's own pace, which its config sets
             base = self.ctx.synthesis
             scale = base.length_scale if speed is None else \
@@ -605,6 +610,12 @@ def _string(fields: Mapping[str, Any], key: str, where: str = "") -> str | None:
     return value
 
 
+def _shown(value: object, limit: int = 60) -> str:
+    """A value as an error message quotes it: a 5000-digit ``seed`` is not echoed whole."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
 def _number(fields: Mapping[str, Any], key: str, lo: float, hi: float, where: str = "",
             integer: bool = False) -> float | None:
     value = fields.get(key)
@@ -614,12 +625,14 @@ def _number(fields: Mapping[str, Any], key: str, lo: float, hi: float, where: st
     try:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise ValueError
+        if integer and isinstance(value, float) and not value.is_integer():
+            raise ValueError  # int(1.5) would quietly be 1
         number = int(value) if integer else float(value)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: float(10**400)
         raise ApiError(400, f"{where}{key!r} must be {kind} from {lo} to {hi}, "
-                       f"not {value!r}") from None
+                       f"not {_shown(value)}") from None
     if not lo <= number <= hi:
-        raise ApiError(400, f"{where}{key!r} is {number}; it must be from {lo} to {hi}")
+        raise ApiError(400, f"{where}{key!r} is {_shown(number)}; it must be from {lo} to {hi}")
     return number
 
 
@@ -629,7 +642,7 @@ def _bool(fields: Mapping[str, Any], key: str, where: str = "") -> bool:
         return value
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
-    raise ApiError(400, f"{where}{key!r} must be true or false, not {value!r}")
+    raise ApiError(400, f"{where}{key!r} must be true or false, not {_shown(value)}")
 
 
 def _text_format(fields: Mapping[str, Any], text: str, where: str = "") -> TextFormat:
@@ -640,7 +653,7 @@ def _text_format(fields: Mapping[str, Any], text: str, where: str = "") -> TextF
         return "text"
     if value != "ssml":
         raise ApiError(400, f"{where}'format' must be one of {', '.join(TEXT_FORMATS)}, "
-                       f"not {value!r}")
+                       f"not {_shown(value)}")
     try:
         parse_ssml(text)
     except MarkupError as e:
@@ -653,8 +666,9 @@ def _speaker(fields: Mapping[str, Any], where: str = "") -> str | int | None:
     if value is None or value == "":
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise ApiError(400, f"{where}'speaker' must be a speaker name or number, "
-                       f"not {_kind(value)}")
+        shown = repr(value) if isinstance(value, float) else _kind(value)  # not "a number"
+        raise ApiError(400, f"{where}'speaker' must be a speaker name or a whole number (its "
+                       f"index), not {shown}")
     return value
 
 

@@ -70,6 +70,7 @@ class _Stream:
     req: Request
     next_seq: int = 0
     pending: dict[int, tuple[str, bool]] = field(default_factory=dict)
+    held: int = 0  # characters waiting in `pending` (each piece counts at least one)
     timer: asyncio.TimerHandle | None = None
 
 
@@ -322,7 +323,7 @@ class MqttFront:
         sinks = self.scheduler.available_sinks() if self.scheduler else ()
         default = ("speaker",) if "speaker" in sinks else ("mqtt",)
         return Limits(self.settings.max_text, default, self._resolve_voice,
-                      self.settings.max_age)
+                      self.ctx.engine.check_speaker, self.settings.max_age)
 
     def _resolve_voice(self, name: str | None) -> str:
         """A voice name or language; none: the default set on ``set/voice``."""
@@ -375,9 +376,13 @@ class MqttFront:
         elif piece.seq < st.next_seq or piece.seq in st.pending:
             log.debug("MQTT say/stream %s: duplicate piece %d ignored", piece.id, piece.seq)
         else:
-            st.pending[piece.seq] = (piece.text, piece.final)
+            size = max(1, len(piece.text))  # so that empty pieces cannot pile up either
+            if not self._too_long(st, size):
+                st.pending[piece.seq] = (piece.text, piece.final)
+                st.held += size
             while st.next_seq in st.pending and st.req.id in self._streams:
                 text, final = st.pending.pop(st.next_seq)
+                st.held -= max(1, len(text))
                 st.next_seq += 1
                 self._feed(st, text, final)
         if st.req.id in self._streams:
@@ -387,13 +392,23 @@ class MqttFront:
             st.timer = self._loop.call_later(self.settings.stream_timeout,
                                              self._stream_timeout, st.req.id)
 
+    def _too_long(self, st: _Stream, more: int) -> bool:
+        """End the stream with an error if ``more`` characters would take it past
+        mqtt.max_text. Pieces held for a missing earlier one count too: they would otherwise
+        pile up unchecked for as long as pieces keep coming (stream_timeout restarts)."""
+        stream = st.req.stream
+        assert stream is not None
+        if stream.total_chars + st.held + more <= self.settings.max_text:
+            return False
+        self._end_stream(st.req.id)
+        stream.fail(RequestError(f"stream text exceeds {self.settings.max_text} characters "
+                                 "(mqtt.max_text); the rest is not spoken", st.req.id))
+        return True
+
     def _feed(self, st: _Stream, text: str, final: bool) -> None:
         stream = st.req.stream
         assert stream is not None
-        if stream.total_chars + len(text) > self.settings.max_text:
-            self._end_stream(st.req.id)
-            stream.fail(RequestError(f"stream text exceeds {self.settings.max_text} characters "
-                                     "(mqtt.max_text); the rest is not spoken", st.req.id))
+        if self._too_long(st, len(text)):
             return
         st.req.text += text
         if final and not st.req.text.strip():

@@ -185,11 +185,22 @@ def _parse(kind: type[E], event: Event) -> E:
     for attr in ("text",):
         if hasattr(parsed, attr) and not isinstance(getattr(parsed, attr), str):
             raise _Refused("bad-request", f"{event.type}.data.{attr} must be a string")
+    wanted = event.data.get("voice") or {}
+    # The library reads a voice that is not an object as no voice, and drops a speaker that
+    # comes without a voice name: the default would speak instead, without a word.
+    if not isinstance(wanted, dict):
+        raise _Refused("bad-request", f"{event.type}.data.voice must be an object like "
+                       '{"name": "en_US-joe-medium"} or {"language": "en"}')
+    if wanted.get("speaker") not in (None, "") and not wanted.get("name"):
+        raise _Refused("bad-request", f"{event.type}.data.voice.speaker needs voice.name: "
+                       "name the voice the speaker belongs to")
     voice = getattr(parsed, "voice", None)
     if voice is not None:
-        for attr, types in (("name", str), ("language", str), ("speaker", str | int)):
-            if getattr(voice, attr) is not None and not isinstance(getattr(voice, attr), types):
-                raise _Refused("bad-request", f"{event.type}.data.voice.{attr} must be a string")
+        for attr, types, what in (("name", str, "a string"), ("language", str, "a string"),
+                                  ("speaker", (str, int), "a speaker name or number")):
+            value = getattr(voice, attr)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+                raise _Refused("bad-request", f"{event.type}.data.voice.{attr} must be {what}")
     return parsed
 
 
