@@ -3,19 +3,57 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import math
 import sys
 import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Annotated, Any, cast
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from tts import SynthesisOptions, VoiceCatalog, VoiceError, set_threads, to_pcm16, wav_bytes
 from tts.audio import AudioFormat
-from tts.compose import Composer
+from tts.compose import ComposedChunk, Composer
 from tts.text import MarkupError
 
 from . import __version__
+from .request import NOTHING_TO_SAY
+from .settings import SynthesisSettings, VoicesSettings
 
 log = logging.getLogger("herald")
+
+
+def _like_setting(model: type[BaseModel], name: str) -> Callable[[str], Any]:
+    """An argparse ``type`` that takes what the config key ``name`` takes: one set of bounds
+    for ``--noise-w`` and ``synthesis.noise_w``, refused with argparse's one-line error."""
+    field = model.model_fields[name]
+    adapter: TypeAdapter[Any] = TypeAdapter(cast(Any, Annotated[field.annotation, field]))
+
+    def parse(text: str) -> Any:
+        try:
+            if not math.isfinite(float(text)):
+                raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        except ValueError:
+            pass  # not a number at all: the adapter says what it wants
+        try:
+            return adapter.validate_python(text)
+        except ValidationError as e:
+            raise argparse.ArgumentTypeError(f"{e.errors()[0]['msg']} (got {text!r})") from None
+
+    return parse
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return n
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,10 +64,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"herald {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    # Also after the command (`herald run -v`); SUPPRESS keeps `herald -v run` working.
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                         help="debug logging")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser(
-        "run", help="run the daemon (MQTT, Wyoming, HTTP)",
+        "run", help="run the daemon (MQTT, Wyoming, HTTP)", parents=[verbose],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run herald: MQTT (embedded broker when mqtt.host is empty), Wyoming on "
         "tcp://127.0.0.1:10200, HTTP and the web page on http://127.0.0.1:8000/.",
@@ -48,39 +90,61 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override one setting, e.g. --set mqtt.host=broker.lan (repeatable)")
 
-    def voice_args(q: argparse.ArgumentParser) -> None:
+    def voice_dir(q: argparse.ArgumentParser) -> None:
         q.add_argument("--voice-dir", action="append", type=Path, default=[], metavar="DIR",
-                       help="extra directory with NAME.onnx + NAME.onnx.json voices")
-        q.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+                       help="extra directory with NAME.onnx + NAME.onnx.json voices "
+                       "(repeatable; the daemon's voices.directories is not read)")
 
-    say = sub.add_parser("say", help="speak one text on the speaker or into a WAV file")
+    threads = _like_setting(VoicesSettings, "threads")
+    say = sub.add_parser(
+        "say", help="speak one text on the speaker or into a WAV file", parents=[verbose],
+        description="Speak TEXT here (the default sound device, or --out FILE.wav), or ask a "
+        "running herald to speak it (--mqtt). Exit status: 0 spoken, 1 the daemon reported "
+        "an error or a stop or did not answer, 2 bad input or no broker, 130 interrupted.")
     say.add_argument("text", help="the text to speak ('-' reads standard input); bracket tags "
                      "like [pause 300ms], [rate 0.8], [voice NAME] work in it")
     say.add_argument("--ssml", action="store_true",
                      help="the text is SSML (<speak>, <break time=\"500ms\"/>, <prosody "
                      "rate>, <say-as>, ...)")
-    say.add_argument("--voice", help="voice name (see `herald voices`)")
+    say.add_argument("--voice", help="voice name (see `herald voices`) or espeak:LANG, "
+                     "e.g. espeak:de (default: en_US-joe-medium)")
     say.add_argument("--speaker", help="speaker name or number of a multi-speaker voice")
-    say.add_argument("--out", type=Path, metavar="FILE.wav", help="write a WAV file instead")
-    say.add_argument("--length-scale", type=float, help="speaking rate: >1 slower, <1 faster")
-    say.add_argument("--noise-scale", type=float, help="voice variation (voice default)")
-    say.add_argument("--noise-w", type=float, help="rhythm variation (voice default)")
-    say.add_argument("--gain", type=float, default=1.0, help="output gain (default 1.0)")
-    say.add_argument("--device", help="sound device name or number (default: system default)")
+    say.add_argument("--out", type=Path, metavar="FILE.wav",
+                     help="write a WAV file instead of playing")
+    say.add_argument("--length-scale", type=_like_setting(SynthesisSettings, "length_scale"),
+                     metavar="X", help="speaking rate, 0.25-4: >1 slower, <1 faster "
+                     "(default: the voice's, usually 1)")
+    say.add_argument("--noise-scale", type=_like_setting(SynthesisSettings, "noise_scale"),
+                     metavar="X", help="voice variation, 0-2 (default: the voice's)")
+    say.add_argument("--noise-w", type=_like_setting(SynthesisSettings, "noise_w"),
+                     metavar="X", help="rhythm variation, 0-2 (default: the voice's)")
+    say.add_argument("--gain", type=_like_setting(SynthesisSettings, "gain"), metavar="X",
+                     help="output gain, above 0 and up to 10 (default 1.0)")
+    say.add_argument("--device", help="sound device: a number or (part of) its name, as "
+                     "speaker.device (default: the system default)")
     say.add_argument("--mqtt", metavar="HOST[:PORT]",
-                     help="publish to a running daemon's `say` topic instead of speaking here")
+                     help="publish to a running daemon's `say` topic instead of speaking here "
+                     "(port default 1883) and wait until it has spoken; --voice, --speaker, "
+                     "--ssml, --length-scale, --noise-scale and --noise-w go with the request")
     say.add_argument("--device-id", help="daemon's device id for --mqtt (default: hostname)")
-    voice_args(say)
+    voice_dir(say)
+    say.add_argument("--threads", type=threads, metavar="N",
+                     help="torch threads, 1-64 (default 1)")
 
-    voices = sub.add_parser("voices", help="list installed voices")
+    voices = sub.add_parser("voices", help="list installed voices", parents=[verbose])
     voices.add_argument("--json", action="store_true", help="machine-readable output")
-    voice_args(voices)
+    voice_dir(voices)
 
-    bench = sub.add_parser("bench",
-                           help="benchmark herald against piper-tts (same voice, same run)")
+    bench = sub.add_parser("bench", parents=[verbose],
+                           help="benchmark herald against piper-tts (same voice, same run)",
+                           description="Time to first audio, real-time factor and peak memory "
+                           "of herald and piper-tts with the same voice, measured in the same "
+                           "run; it keeps the CPU busy while it runs. See bench/README.md.")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
-    bench.add_argument("--repeats", type=int, default=5, help="repetitions per figure")
-    bench.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts")
+    bench.add_argument("--repeats", type=_at_least_one, default=5,
+                       help="repetitions per figure (default 5)")
+    bench.add_argument("--threads", type=threads, nargs="+", default=[1, 2], metavar="N",
+                       help="thread counts to measure at, 1-64 (default: 1 2)")
     return p
 
 
@@ -100,37 +164,137 @@ def _cmd_voices(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_text(arg: str) -> str | None:
+    """The text from the argument, or from standard input for ``-``; None (after saying
+    why) when it is not UTF-8, which espeak-ng would otherwise fail on mid-synthesis."""
+    if arg != "-":
+        try:
+            arg.encode("utf-8")  # undecodable argv bytes arrive as lone surrogates
+        except UnicodeEncodeError:
+            print("herald say: the text is not valid UTF-8 (check the terminal's locale)",
+                  file=sys.stderr)
+            return None
+        return arg
+    if sys.stdin.isatty():
+        print("herald say: reading the text from standard input; end it with Ctrl-D",
+              file=sys.stderr)
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        print(f"herald say: standard input is not valid UTF-8 (byte {e.start})",
+              file=sys.stderr)
+        return None
+
+
+# Options that only mean something when herald speaks here, not when --mqtt asks a daemon.
+_LOCAL_ONLY = {"out": "--out", "device": "--device", "voice_dir": "--voice-dir",
+               "threads": "--threads", "gain": "--gain"}
+
+
 def _cmd_say(args: argparse.Namespace) -> int:
-    text = sys.stdin.read() if args.text == "-" else args.text
+    if args.mqtt:
+        given = [flag for dest, flag in _LOCAL_ONLY.items() if getattr(args, dest)]
+        if given:
+            print(f"herald say: {', '.join(given)} cannot be used with --mqtt: the daemon "
+                  "speaks with its own voices, device and settings", file=sys.stderr)
+            return 2
+    elif args.device_id:
+        print("herald say: --device-id names the daemon to ask, so it needs --mqtt",
+              file=sys.stderr)
+        return 2
+    text = _read_text(args.text)
+    if text is None:
+        return 2
     if not text.strip():
         print("herald say: nothing to say (empty text)", file=sys.stderr)
         return 2
     if args.mqtt:
         from .say_remote import publish_say
 
+        # The `say` fields for the options a request carries (None: the daemon's defaults).
+        fields = {k: v for k, v in (("speaker", args.speaker), ("rate", args.length_scale),
+                                    ("noise_scale", args.noise_scale),
+                                    ("noise_w", args.noise_w)) if v is not None}
         return publish_say(args.mqtt, args.device_id, text, args.voice,
-                           text_format="ssml" if args.ssml else "text")
-    set_threads(args.threads)
+                           text_format="ssml" if args.ssml else "text", fields=fields)
+    set_threads(args.threads or 1)
     # The composer, as the daemon speaks: sentences, bracket tags or SSML, other languages
     # by their own voice or espeak-ng. It checks the voice and the SSML before any synthesis.
     composer = Composer(VoiceCatalog(args.voice_dir))
     opts = SynthesisOptions(length_scale=args.length_scale, noise_scale=args.noise_scale,
-                            noise_w=args.noise_w, speaker=args.speaker, gain=args.gain)
+                            noise_w=args.noise_w, speaker=args.speaker,
+                            gain=1.0 if args.gain is None else args.gain)
     chunks = composer.stream(text, "ssml" if args.ssml else "text", opts, args.voice)
     fmt = AudioFormat(chunks.sample_rate)
-    t0 = time.monotonic()
     if args.out:
-        pcm = b"".join(to_pcm16(c.samples) for c in chunks)
-        args.out.write_bytes(wav_bytes(pcm, fmt))
-        secs = len(pcm) / fmt.bytes_per_second
-        log.info("wrote %s: %.2f s of audio in %.2f s", args.out, secs, time.monotonic() - t0)
-        return 0
-    import sounddevice as sd
+        return _write_wav(args.out, chunks, fmt)
+    return asyncio.run(_play(chunks, fmt, args.device))
 
-    device = int(args.device) if args.device and args.device.isdigit() else args.device
-    with sd.RawOutputStream(samplerate=fmt.rate, channels=1, dtype="int16", device=device) as out:
-        for chunk in chunks:
-            out.write(to_pcm16(chunk.samples))
+
+def _write_wav(path: Path, chunks: Iterator[ComposedChunk], fmt: AudioFormat) -> int:
+    """Synthesize into ``path``. The file is opened first, so an unwritable path is refused
+    before the work; a file that was there stays as it was if synthesis fails or is cut."""
+    existed = path.exists()
+    try:
+        f = path.open("ab")  # checks that it can be written, without truncating
+    except OSError as e:
+        print(f"herald say: cannot write {path}: {e.strerror}", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    pcm = b""
+    try:
+        with f:
+            pcm = b"".join(to_pcm16(c.samples) for c in chunks)
+            if pcm:
+                if f.seekable():  # not a pipe (--out /dev/stdout | aplay)
+                    f.truncate(0)
+                f.write(wav_bytes(pcm, fmt))
+    except OSError as e:  # the disk filled up, ...
+        print(f"herald say: cannot write {path}: {e.strerror}", file=sys.stderr)
+        return 2
+    finally:
+        if not pcm and not existed:
+            path.unlink(missing_ok=True)
+    if not pcm:
+        print(f"herald say: {NOTHING_TO_SAY}", file=sys.stderr)
+        return 2
+    secs = len(pcm) / fmt.bytes_per_second
+    log.info("wrote %s: %.2f s of audio in %.2f s", path, secs, time.monotonic() - t0)
+    return 0
+
+
+async def _play(chunks: Iterator[ComposedChunk], fmt: AudioFormat, device: str | None) -> int:
+    """Play on the sound device through the daemon's speaker sink: the same device lookup
+    (a number or part of a name; a wrong one lists the devices), resampling for devices
+    that don't take the voice's rate, and a fade-out on Ctrl-C. Synthesis runs in a thread,
+    ahead of playback."""
+    from .metrics import Metrics
+    from .sinks.speaker import SpeakerSettings, SpeakerSink, SpeakerUnavailable
+
+    first = await asyncio.to_thread(next, chunks, None)
+    if first is None:
+        print(f"herald say: {NOTHING_TO_SAY}", file=sys.stderr)
+        return 2
+
+    async def pcm() -> AsyncIterator[bytes]:
+        chunk: ComposedChunk | None = first
+        while chunk is not None:
+            yield to_pcm16(chunk.samples)
+            chunk = await asyncio.to_thread(next, chunks, None)
+
+    # The sink's own log line for a device that failed to open speaks for the daemon
+    # ("retrying in 10 s, other outputs keep working"); here the error line below says it.
+    logging.getLogger("herald.speaker").addFilter(
+        lambda r: not (r.levelno == logging.WARNING and "retrying in" in str(r.msg)))
+    sink = SpeakerSink(SpeakerSettings(device=device), Metrics())
+    try:
+        await sink.play(fmt, pcm())
+    except SpeakerUnavailable as e:
+        print(f"herald say: {e}; or write a file with --out FILE.wav", file=sys.stderr)
+        return 2
+    finally:
+        await sink.stop()
     return 0
 
 

@@ -11,6 +11,7 @@ import json
 import queue
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -35,8 +36,10 @@ def split_host_port(value: str, default_port: int = 1883) -> tuple[str, int]:
 
 
 def publish_say(host_port: str, device_id: str | None, text: str, voice: str | None,
-                timeout: float | None = None, text_format: str = "text") -> int:
-    """0 when the daemon finished speaking; 1 on error/stop/timeout; 2 when unreachable."""
+                timeout: float | None = None, text_format: str = "text",
+                fields: Mapping[str, Any] | None = None) -> int:
+    """0 when the daemon finished speaking; 1 on error/stop/timeout; 2 when unreachable.
+    ``fields``: more `say` JSON fields (speaker, rate, noise_scale, noise_w)."""
     try:
         host, port = split_host_port(host_port)
     except ValueError as e:
@@ -89,6 +92,7 @@ def publish_say(host_port: str, device_id: str | None, text: str, voice: str | N
             payload["voice"] = voice
         if text_format != "text":
             payload["format"] = text_format
+        payload.update(fields or {})
         client.publish(topics.say, json.dumps(payload), qos=1)
         deadline = time.monotonic() + ANSWER_TIMEOUT
         answered = False

@@ -5,13 +5,15 @@ Precedence, lowest first: the defaults below < the TOML file (``--config``, else
 (nested with ``__``: ``HERALD_MQTT__HOST``) < ``--set key.sub=value`` on the command line.
 
 A bad value stops start-up with one line naming the key, the problem and where the value
-came from (``ConfigError``); herald never starts half-configured. Unknown keys in the file
-or in ``--set`` are errors too, because a typo there would otherwise be silently ignored.
+came from (``ConfigError``); herald never starts half-configured. Unknown keys in the file,
+in ``--set`` or in ``HERALD_…`` variable names are errors too, because a typo there would
+otherwise be silently ignored.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import socket
@@ -19,7 +21,7 @@ import tomllib
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_origin
 
 from pydantic import (
     BaseModel,
@@ -35,10 +37,12 @@ from pydantic_settings import (
     EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
 )
 
 from .fronts.http import HttpSettings
 from .fronts.wyoming import WyomingSettings
+from .request import RATE_RANGE
 from .sinks.speaker import SpeakerSettings
 
 ENV_PREFIX = "HERALD_"
@@ -77,7 +81,8 @@ class VoicesSettings(_Section):
 class SynthesisSettings(_Section):
     """Defaults for every request; None means the voice's own value."""
 
-    length_scale: float | None = Field(None, gt=0, le=10)
+    # A request's ``rate`` replaces it, so it takes the same range.
+    length_scale: float | None = Field(None, ge=RATE_RANGE[0], le=RATE_RANGE[1])
     noise_scale: float | None = Field(None, ge=0, le=2)
     noise_w: float | None = Field(None, ge=0, le=2)
     gain: float = Field(1.0, gt=0, le=10)
@@ -273,6 +278,8 @@ class _FileSource(PydanticBaseSettingsSource):
 
 def find_config(path: Path | None) -> Path | None:
     if path is not None:
+        if path.is_dir():
+            raise ConfigError(f"config file {path} is a directory; give the TOML file in it")
         if not path.is_file():
             raise ConfigError(f"config file {path} not found")
         return path
@@ -288,6 +295,9 @@ def read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: {e}") from None
+    except UnicodeDecodeError as e:  # TOML is UTF-8; tomllib lets the decoding error through
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); a TOML file is UTF-8"
+                          ) from None
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e.strerror}") from None
 
@@ -336,6 +346,73 @@ def _unknown_keys(data: Mapping[str, Any], model: type[BaseModel], prefix: str =
     return unknown
 
 
+def _env_keys(environ: Mapping[str, str]) -> dict[str, str]:
+    """Dotted key -> the ``HERALD_…`` variable that sets it. pydantic-settings reads only
+    the names it knows, so a misspelt variable would be silently ignored: its key is checked
+    like the file's."""
+    return {name[len(ENV_PREFIX):].lower().replace("__", "."): name for name in environ
+            if name.upper().startswith(ENV_PREFIX)}
+
+
+def _nested(keys: list[str]) -> dict[str, Any]:
+    """``["mqtt.port", "log_level"]`` -> ``{"mqtt": {"port": None}, "log_level": None}``."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        node = out
+        *sections, last = key.split(".")
+        for part in sections:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                break  # a section also set whole (HERALD_MQTT='{...}'): its keys are JSON's
+            node = child
+        else:
+            node.setdefault(last, None)
+    return out
+
+
+def _field_at(key: str) -> FieldInfo | None:
+    model: Any = Settings
+    field = None
+    for part in key.split("."):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        model = field.annotation
+    return field
+
+
+def _env_json_error(environ: Mapping[str, str]) -> str:
+    """Why pydantic-settings could not decode the environment: a list or a whole section
+    in a variable is JSON, and one of them is not."""
+    for key, name in _env_keys(environ).items():
+        field = _field_at(key)
+        ann = field.annotation if field else None
+        if get_origin(ann) in (list, dict) or (isinstance(ann, type)
+                                                and issubclass(ann, BaseModel)):
+            try:
+                json.loads(environ[name])
+            except ValueError:
+                example = '["…", "…"]' if get_origin(ann) is list else '{"key": …}'
+                return (f"{key}: {name} must be JSON, e.g. {name}='{example}' "
+                        f"(got {environ[name]!r})")
+    return f"cannot read the {ENV_PREFIX}… environment variables"
+
+
+def _first_infinite(data: Mapping[str, Any], prefix: str = "") -> tuple[str, float] | None:
+    """The first setting that is infinite or NaN: a bound like ``gt=0`` lets infinity
+    through, and ``int(inf * rate)`` would fail only when the first request uses it."""
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            found = _first_infinite(value, f"{prefix}{key}.")
+            if found:
+                return found
+        elif isinstance(value, float) and not math.isfinite(value):
+            return prefix + key, value
+    return None
+
+
 def _lookup(data: Mapping[str, Any], loc: tuple[Any, ...]) -> tuple[bool, Any]:
     node: Any = data
     for part in loc:
@@ -366,20 +443,29 @@ def load_settings(config_path: Path | None = None, overrides: list[str] | None =
     path = find_config(config_path)
     file_data = read_toml(path) if path else {}
     override_data = parse_overrides(overrides or [])
-    for where, data in ((str(path), file_data), ("--set", override_data)):
+    env_keys = _env_keys(environ)
+    for data, where in ((file_data, str(path)), (override_data, "--set"),
+                        (_nested(list(env_keys)), "")):
         unknown = _unknown_keys(data, Settings)
         if unknown:
-            raise ConfigError(f"{unknown[0]}: unknown setting ({where}); see "
-                              "config/herald.toml for every key")
+            key = unknown[0]
+            where = where or "from " + next(name for k, name in env_keys.items()
+                                            if k == key or k.startswith(key + "."))
+            raise ConfigError(f"{key}: unknown setting ({where}); see config/herald.toml for "
+                              "every key")
     token = _loading.set((file_data, environ))
     try:
-        return Settings(**override_data)
+        settings = Settings(**override_data)
+    except SettingsError:
+        raise ConfigError(_env_json_error(environ)) from None
     except ValidationError as e:
         err = e.errors()[0]
         loc = tuple(p for p in err["loc"] if not isinstance(p, int)) or ("(root)",)
         key = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         got = err.get("input")
+        if err["type"] == "list_type" and isinstance(got, str):
+            msg += '; write one as ["…", "…"]'
         origin = _origin(loc, override_data, environ, file_data, path)
         detail = ", ".join(s for s in (f"got {got!r}" if not isinstance(got, dict) else "",
                                        origin) if s)
@@ -387,3 +473,10 @@ def load_settings(config_path: Path | None = None, overrides: list[str] | None =
         raise ConfigError(f"{key}: {msg}" + (f" ({detail})" if detail else "") + more) from None
     finally:
         _loading.reset(token)
+    infinite = _first_infinite(settings.model_dump())
+    if infinite:
+        key, value = infinite
+        origin = _origin(tuple(key.split(".")), override_data, environ, file_data, path)
+        raise ConfigError(f"{key}: must be a finite number (got {value!r}"
+                          + (f", {origin})" if origin else ")"))
+    return settings

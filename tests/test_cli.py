@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import wave
 from pathlib import Path
 
 import numpy as np
+import pytest
 from audio_checks import assert_pcm_close, assert_speech, pcm16
+from conftest import ROOT
+
+from daemon.cli import main
 
 HERALD = [sys.executable, "-m", "daemon.cli"]
 
@@ -97,3 +102,109 @@ def test_help_is_complete() -> None:
                  "--gain", "--device", "--mqtt", "--ssml"):
         assert flag in r.stdout
     assert np.all([c in run("--help").stdout for c in ("run", "say", "voices", "bench")])
+
+
+# --------------------------------------------------------------------------- user mistakes
+
+
+@pytest.mark.parametrize("args, message", [
+    (["say", "Hi.", "--length-scale", "0"], "argument --length-scale: Input should be greater "
+     "than or equal to 0.25 (got '0')"),
+    (["say", "Hi.", "--length-scale", "-1"], "greater than or equal to 0.25"),
+    (["say", "Hi.", "--length-scale", "nan"], "must be a finite number, got 'nan'"),
+    (["say", "Hi.", "--length-scale", "inf"], "must be a finite number, got 'inf'"),
+    (["say", "Hi.", "--noise-scale", "-1"], "argument --noise-scale: Input should be greater"),
+    (["say", "Hi.", "--noise-w", "3"], "argument --noise-w: Input should be less than or equal "
+     "to 2"),
+    (["say", "Hi.", "--gain", "0"], "argument --gain: Input should be greater than 0"),
+    (["say", "Hi.", "--threads", "0"], "argument --threads: Input should be greater than or "
+     "equal to 1"),
+    (["bench", "--repeats", "0"], "argument --repeats: expected a whole number >= 1"),
+    (["bench", "--threads", "1", "0"], "argument --threads: Input should be greater"),
+])
+def test_out_of_range_options_are_refused_before_any_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+        ) -> None:
+    """The same bounds as the config keys (synthesis.*, voices.threads); before, a length
+    scale of 0 was silently the voice's own, a negative one or NaN a torch traceback."""
+    out = tmp_path / "x.wav"
+    with pytest.raises(SystemExit) as e:
+        main([*args, "--out", str(out)] if args[0] == "say" else args)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_say_out_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    for out, why in ((tmp_path / "missing" / "x.wav", "No such file or directory"),
+                     (tmp_path, "Is a directory")):
+        r = run("say", "Hello.", "--out", str(out))
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert f"herald say: cannot write {out}: {why}" in r.stderr
+
+
+def test_say_nothing_to_pronounce_keeps_the_file(tmp_path: Path) -> None:
+    """'...' is refused as the daemon's fronts refuse it, not written as an empty WAV; a file
+    that was there stays as it was, and none is left behind when there was none."""
+    kept = tmp_path / "kept.wav"
+    kept.write_bytes(b"earlier")
+    for out in (kept, tmp_path / "new.wav"):
+        r = run("say", "...", "--out", str(out))
+        assert r.returncode == 2, r.stderr
+        assert "nothing espeak-ng can pronounce" in r.stderr
+    assert kept.read_bytes() == b"earlier"
+    assert not (tmp_path / "new.wav").exists()
+
+
+def test_say_reads_stdin_and_refuses_what_is_not_utf8(tmp_path: Path) -> None:
+    out = tmp_path / "stdin.wav"
+    ok = subprocess.run([*HERALD, "say", "-", "--out", str(out)], input=b"Hello from stdin.",
+                        capture_output=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    with wave.open(str(out)) as w:
+        assert_speech(pcm16(w.readframes(w.getnframes())), 22050, min_seconds=0.6)
+    bad = subprocess.run([*HERALD, "say", "-", "--out", str(tmp_path / "bad.wav")],
+                         input=b"\xff\xfe hello", capture_output=True, timeout=120)
+    assert bad.returncode == 2 and b"Traceback" not in bad.stderr, bad.stderr
+    assert b"standard input is not valid UTF-8 (byte 0)" in bad.stderr
+    assert not (tmp_path / "bad.wav").exists()
+
+
+def test_say_unknown_sound_device_lists_the_devices(alsa_file) -> None:  # type: ignore[no-untyped-def]
+    """`herald say --device` finds devices as the daemon's speaker.device does (it plays
+    through the same sink), and a wrong one is one line naming those there are."""
+    r = run("say", "Hello.", "--device", "no-such-card", env=alsa_file.env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "no sound device 'no-such-card'" in r.stderr and "0 'default'" in r.stderr
+    assert alsa_file.pcm() == b""
+
+
+def test_say_mqtt_refuses_what_it_cannot_send(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """--mqtt asks a daemon: a WAV file, a device or local voices would be silently
+    ignored, so they are refused (before any connection); --device-id needs --mqtt."""
+    out = str(tmp_path / "x.wav")
+    assert main(["say", "Hi.", "--mqtt", "127.0.0.1:1", "--out", out, "--gain", "2"]) == 2
+    assert "--out, --gain cannot be used with --mqtt" in capsys.readouterr().err
+    assert main(["say", "Hi.", "--device-id", "kitchen", "--out", out]) == 2
+    assert "--device-id names the daemon to ask, so it needs --mqtt" in capsys.readouterr().err
+    assert not (tmp_path / "x.wav").exists()
+
+
+def test_verbose_works_after_the_command_too(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "missing.toml"
+    for argv in (["-v", "run", "--config", str(missing)], ["run", "-v", "--config", str(missing)]):
+        assert main(argv) == 2
+        assert f"config file {missing} not found" in capsys.readouterr().err
+
+
+def test_readme_lists_the_options_say_takes() -> None:
+    """README's list of `herald say` options is the parser's, and every option has help."""
+    text = (ROOT / "README.md").read_text()
+    listed = re.search(r"`herald say --help` lists every option \((.*?)\);", text, re.S)
+    assert listed, "README no longer has the list"
+    in_readme = set(re.findall(r"`(--[\w-]+)`", listed[1]))
+    help_text = run("say", "--help").stdout
+    in_help = set(re.findall(r"^  (--[\w-]+)", help_text, re.M))
+    assert in_readme == in_help - {"--help", "--verbose"}

@@ -658,6 +658,24 @@ def test_herald_say_mqtt_cli(herald: Herald) -> None:
     assert "finished" in out.stdout
 
 
+def test_herald_say_mqtt_cli_sends_the_request_options(herald: Herald, client: Client) -> None:
+    """--speaker, --length-scale and the noise options go into the `say` request (they were
+    dropped, so the daemon spoke at its own rate): a speaker the voice lacks is refused."""
+    def say(*options: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "daemon.cli", "say", "--mqtt",
+                               f"127.0.0.1:{herald.broker.port}", "--device-id", DEVICE,
+                               *options, "Slowly now."], cwd=ROOT, env=herald_env(),
+                              capture_output=True, text=True, timeout=120)
+
+    out = say("--length-scale", "1.5", "--noise-scale", "0.3", "--noise-w", "0")
+    assert out.returncode == 0, out.stderr
+    sent = [m.json() for m in client.msgs if m.topic == f"{BASE}/say"]
+    assert [(p["rate"], p["noise_scale"], p["noise_w"]) for p in sent] == [(1.5, 0.3, 0.0)]
+    refused = say("--speaker", "3")
+    assert refused.returncode == 1
+    assert "has a single speaker; got '3'" in refused.stderr
+
+
 # --------------------------------------------------------------------------- outages, shutdown
 
 

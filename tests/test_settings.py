@@ -78,6 +78,27 @@ def test_device_id_defaults_to_the_sanitized_hostname() -> None:
      "mqtt.tls.ca: /nonexistent/ca.pem is not a file (TLS is enabled)"),
     (["mqtt.tls.enabled=true", "mqtt.tls.cert=/"], {},
      "mqtt.tls.cert: / is not a file"),
+    # Misspelt variables, in every section (pydantic-settings reads only the names it knows).
+    ([], {"HERALD_SPEAKER__VOLUMEE": "0.5"},
+     "speaker.volumee: unknown setting (from HERALD_SPEAKER__VOLUMEE)"),
+    ([], {"HERALD_HTTP__PROT": "8001"}, "http.prot: unknown setting (from HERALD_HTTP__PROT)"),
+    ([], {"HERALD_SPEAKR__VOLUME": "0.5"}, "speakr: unknown setting (from HERALD_SPEAKR__VOLUME)"),
+    # A list in the environment is JSON; plain text was a SettingsError traceback.
+    ([], {"HERALD_VOICES__DIRECTORIES": "/srv/voices"},
+     "voices.directories: HERALD_VOICES__DIRECTORIES must be JSON, e.g. "
+     "HERALD_VOICES__DIRECTORIES='[\"…\", \"…\"]' (got '/srv/voices')"),
+    ([], {"HERALD_WYOMING__ALLOW": "10.0.0.0/8"}, "wyoming.allow: HERALD_WYOMING__ALLOW must be"),
+    (["voices.directories=/srv/voices"], {},
+     'voices.directories: Input should be a valid list; write one as ["…", "…"]'),
+    # Infinity passes a lower bound, then int(inf * rate) fails at the first request.
+    (["scheduler.buffer_seconds=inf"], {},
+     "scheduler.buffer_seconds: must be a finite number (got inf, from --set)"),
+    ([], {"HERALD_SPEAKER__MAX_BUFFER_SECONDS": "inf"},
+     "speaker.max_buffer_seconds: must be a finite number (got inf, from "
+     "HERALD_SPEAKER__MAX_BUFFER_SECONDS)"),
+    # The default rate takes the range a request's rate takes.
+    (["synthesis.length_scale=5"], {},
+     "synthesis.length_scale: Input should be less than or equal to 4"),
 ])
 def test_bad_values_name_the_key(args: list[str], env: dict[str, str], expect: str) -> None:
     with pytest.raises(ConfigError) as e:
@@ -98,6 +119,12 @@ def test_bad_values_say_where_they_came_from(tmp_path: Path) -> None:
         load_settings(write(tmp_path, "[mqtt\n"), [], {})
     with pytest.raises(ConfigError, match="not found"):
         load_settings(tmp_path / "missing.toml", [], {})
+    with pytest.raises(ConfigError, match="is a directory; give the TOML file in it"):
+        load_settings(tmp_path, [], {})
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes('device_id = "küche"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.toml: not UTF-8 text \(byte 14\)"):
+        load_settings(latin1, [], {})
 
 
 def test_herald_run_with_a_bad_value_prints_one_line_and_exits_2(tmp_path: Path) -> None:
