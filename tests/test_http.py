@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import time
 import wave
 import zipfile
@@ -427,6 +428,17 @@ async def test_wrong_method_is_refused(start) -> None:  # type: ignore[no-untype
         assert r.status == 405
         assert "POST" in r.headers["Allow"]
         await error_of(r)
+
+
+async def test_bound_beyond_loopback_without_a_token_warns(start, caplog) -> None:  # type: ignore[no-untyped-def]
+    caplog.set_level(logging.WARNING, logger="daemon.fronts.http")
+    await start(host="127.0.0.1")
+    await start(host="0.0.0.0", token="s3cret")
+    assert "without http.token" not in caplog.text
+    await start(host="0.0.0.0")
+    assert "HTTP is bound to 0.0.0.0 without http.token" in caplog.text
+    with pytest.raises(ValueError, match="at least 1 character"):
+        HttpSettings(host="")  # asyncio would read it as every interface
 
 
 async def test_bearer_token(start) -> None:  # type: ignore[no-untyped-def]

@@ -48,6 +48,7 @@ from ..request import (
     json_object,
     parse_json,
 )
+from . import is_loopback_host
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,8 @@ _REASONS = {400: "bad_request", 401: "unauthorized", 404: "not_found",
 
 class HttpSettings(BaseModel):
     enabled: bool = True
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", min_length=1,
+                      description="address to listen on; 0.0.0.0 for every interface")
     port: int = Field(8000, ge=0, le=65535, description="0 picks a free port")
     token: SecretStr | None = Field(
         None, description="bearer token required on every endpoint but /healthz and the page")
@@ -173,6 +175,9 @@ class HttpFront:
         self.port = int(self._runner.addresses[0][1])
         log.info("HTTP API and web page on http://%s:%d/%s", s.host, self.port,
                  " (bearer token required)" if s.token else "")
+        if s.token is None and not is_loopback_host(s.host):
+            log.warning("HTTP is bound to %s without http.token: anyone who can reach this "
+                        "port can make herald speak; set http.token", s.host)
 
     async def stop(self) -> None:
         if self._runner is not None:

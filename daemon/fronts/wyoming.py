@@ -78,6 +78,7 @@ from tts.text import MarkupError, TextFormat, parse_ssml
 from ..context import Context
 from ..metrics import LatencyRecord, Timeline
 from ..request import EmptyText, Request, RequestError, TextStream, TextTooLong, check_text
+from . import is_loopback_host
 
 if TYPE_CHECKING:
     from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
@@ -699,7 +700,7 @@ class WyomingFront:
         host = urlparse(self.settings.uri).hostname or ""
         log.info("Wyoming server listening on %s (%d voices), clients: %s", self.settings.uri,
                  len(self._info.tts[0].voices), self.allow_text)
-        if host and not self.settings.allow and not _is_loopback_host(host):
+        if host and not self.settings.allow and not is_loopback_host(host):
             log.warning("Wyoming is bound to %s but wyoming.allow is empty, so only loopback "
                         "clients are accepted: set wyoming.allow to Home Assistant's network, "
                         "e.g. [\"192.168.1.0/24\"]", host)
@@ -777,15 +778,6 @@ def _peer_text(writer: asyncio.StreamWriter) -> str:
     return "Wyoming client (unix socket)"
 
 
-def _is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 class _Announcement:
     """``_wyoming._tcp`` over mDNS, so Home Assistant discovers the server by itself."""
 
@@ -803,7 +795,7 @@ class _Announcement:
                         "hand")
             return None
         uri = urlparse(settings.uri)
-        if uri.scheme != "tcp" or uri.port is None or _is_loopback_host(uri.hostname or ""):
+        if uri.scheme != "tcp" or uri.port is None or is_loopback_host(uri.hostname or ""):
             log.warning("zeroconf announcement skipped: %s is not reachable from other "
                         "machines; bind wyoming.uri to 0.0.0.0 or a LAN address", settings.uri)
             return None
