@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -254,12 +255,30 @@ def decode_text(payload: bytes) -> str:
 
 def parse_json(text: str) -> Any:
     try:
-        return json.loads(text)
+        data = json.loads(text)
     except ValueError as e:
         raise RequestError(f"malformed JSON: {e}") from None
     except RecursionError:  # [[[[...: Python's parser recurses once per level
         raise RequestError("malformed JSON: nested too deeply; send a flat object like "
                            '{"text": "..."}') from None
+    if _SURROGATE_ESCAPE.search(text):
+        check_unicode(json.dumps(data, ensure_ascii=False), "JSON")
+    return data
+
+
+# A \uD800-\uDFFF escape: JSON may pair two into one character, or leave one unpaired.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def check_unicode(text: str, what: str = "text") -> str:
+    """Refuse an unpaired UTF-16 surrogate (JSON can carry one as ``"\\ud800"``): it is no
+    character, and espeak-ng, which takes UTF-8, would fail on it mid-synthesis."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(f"{what} holds an unpaired UTF-16 surrogate "
+                           f"(U+{ord(text[e.start]):04X}); send valid Unicode") from None
+    return text
 
 
 def json_object(text: str, example: str = '{"text": "..."}') -> dict[str, Any]:

@@ -383,6 +383,8 @@ BAD_REQUESTS = [
     ("unsupported type", "/tts", {"data": b"<x/>", "headers": {
         "Content-Type": "application/xml"}}, 415, "application/json"),
     ("unknown endpoint", "/speak", {"json": {"text": "hi"}}, 404, "no such endpoint"),
+    ("unpaired surrogate", "/tts", {"data": b'{"text": "hi \\ud800"}', "headers": {
+        "Content-Type": "application/json"}}, 400, "unpaired UTF-16 surrogate (U+D800)"),
     ("JSON nested too deeply", "/tts", {"data": b'{"text": "hi", "x": ' + b"[" * 2000
                                         + b"]" * 2000 + b"}", "headers": {
         "Content-Type": "application/json"}}, 400, "nested too deeply"),

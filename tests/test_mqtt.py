@@ -170,6 +170,7 @@ def test_say_payload_plain_text_and_json(limits: Limits) -> None:
     (b'{"text": "hi", "sinks": "mqtt"}', "sinks"), (b'{"text": "hi", "id": "a+b"}', "id"),
     (b'{"text": "hi", "ts": 1}', "not spoken late"),
     (b'{"text": "hi", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}", "malformed JSON: nested too"),
+    (b'{"text": "hi \\ud800"}', "JSON holds an unpaired UTF-16 surrogate (U+D800)"),
     (b'{"text": "hi", "ts": NaN}', "ts: Input should be a finite number"),  # would pass max_age
     (b'{"text": "hi", "rate": NaN}', "rate: Input should be a finite number"),
     (b'{"text": "hi", "seed": 1208925819614629174706176}', "seed: Input should be less than"),

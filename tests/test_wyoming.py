@@ -456,6 +456,11 @@ ERROR_CASES: dict[str, tuple[list[Event | bytes], str]] = {
                                     SynthesizeStop().event()], "bad-markup"),
     "synthesize without text": ([header("synthesize", {"voice": {"name": "x"}})], "bad-request"),
     "text that is not a string": ([header("synthesize", {"text": 42})], "bad-request"),
+    # "\ud800" is valid JSON but no character; espeak-ng would fail on it mid-synthesis
+    "unpaired surrogate": ([raw('{"type": "synthesize", "data": {"text": "hi \\ud800"}}')],
+                           "bad-request"),
+    "unpaired surrogate in a stream": ([SynthesizeStart().event(), raw(
+        '{"type": "synthesize-chunk", "data": {"text": "hi \\udc00"}}')], "bad-request"),
     # unrefused, the library would drop a voice that is not an object (the default speaks)
     # and a speaker without a voice name, and read true as speaker 1
     "voice that is not an object": ([header("synthesize", {"text": "hi",

@@ -77,7 +77,15 @@ from tts.text import MarkupError, TextFormat, parse_ssml
 
 from ..context import Context
 from ..metrics import LatencyRecord, Timeline
-from ..request import EmptyText, Request, RequestError, TextStream, TextTooLong, check_text
+from ..request import (
+    EmptyText,
+    Request,
+    RequestError,
+    TextStream,
+    TextTooLong,
+    check_text,
+    check_unicode,
+)
 from . import is_loopback_host
 
 if TYPE_CHECKING:
@@ -186,6 +194,11 @@ def _parse(kind: type[E], event: Event) -> E:
     for attr in ("text",):
         if hasattr(parsed, attr) and not isinstance(getattr(parsed, attr), str):
             raise _Refused("bad-request", f"{event.type}.data.{attr} must be a string")
+        if hasattr(parsed, attr):
+            try:
+                check_unicode(getattr(parsed, attr), f"{event.type}.data.{attr}")
+            except RequestError as e:
+                raise _Refused("bad-request", str(e)) from None
     wanted = event.data.get("voice") or {}
     # The library reads a voice that is not an object as no voice, and drops a speaker that
     # comes without a voice name: the default would speak instead, without a word.
