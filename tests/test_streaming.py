@@ -3,6 +3,8 @@ with sampling noise on (same seed)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -126,3 +128,16 @@ def test_speaker_and_gain(synth) -> None:  # type: ignore[no-untyped-def]
 
     with pytest.raises(VoiceError, match="single speaker"):
         synth.synthesize("Hello.", SynthesisOptions(speaker="bob"))
+
+
+@pytest.mark.parametrize("field, value", [("length_scale", 0.0), ("length_scale", -1.0),
+                                          ("length_scale", math.nan), ("noise_w", math.inf),
+                                          ("noise_scale", -0.1), ("gain", 0.0)])
+def test_options_refuse_values_the_model_cannot_use(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=f"SynthesisOptions.{field} must be a finite number"):
+        SynthesisOptions(**{field: value})
+
+
+def test_options_take_zero_noise_and_unset_values() -> None:
+    opts = SynthesisOptions(noise_scale=0.0, noise_w=0.0, sentence_silence=0.0)
+    assert (opts.noise_scale, opts.noise_w, opts.length_scale) == (0.0, 0.0, None)

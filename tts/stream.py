@@ -12,6 +12,7 @@ overlap costs little.
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -63,6 +64,20 @@ class SynthesisOptions:
     seed: int | None = None  # fixes the sampling noise (tests, reproducible output)
     sentence_silence: float = 0.0  # seconds of silence after each sentence
     paragraph_silence: float = 0.4  # seconds after a paragraph (a blank line) in composed text
+
+    def __post_init__(self) -> None:
+        """Refuse values the model would fail on only mid-synthesis (a NaN or negative
+        length scale makes negative durations) or would take silently (0 reads as unset)."""
+        for name in ("length_scale", "noise_scale", "noise_w", "gain", "sentence_silence",
+                     "paragraph_silence"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            low_ok = value >= 0 if name not in ("length_scale", "gain") else value > 0
+            if not (math.isfinite(value) and low_ok):
+                bound = "above 0" if name in ("length_scale", "gain") else "0 or more"
+                raise ValueError(f"SynthesisOptions.{name} must be a finite number {bound}, "
+                                 f"not {value!r}")
 
     def with_defaults(self, voice: Voice) -> SynthesisOptions:
         c = voice.config
