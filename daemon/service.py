@@ -166,11 +166,13 @@ class Service:
         s = self.settings
         catalog = VoiceCatalog(s.voices.directories, default=s.voices.default)
         engine = Engine(catalog, EngineSettings(threads=s.voices.threads,
-                                                workers=s.voices.workers))
+                                                workers=s.voices.workers,
+                                                keep_warm=s.voices.keep_warm))
         metrics = Metrics()
         self.ctx = ctx = Context(engine, metrics, __version__)
         notify_status(f"loading voice {catalog.default}")
         await engine.preload(catalog.default)
+        engine.keep_warm()
 
         speaker = None
         if s.speaker.enabled:

@@ -71,6 +71,9 @@ class VoicesSettings(_Section):
     default: str | None = None  # None: the bundled en_US-joe-medium
     threads: int = Field(1, ge=1, le=64)  # torch intra-op threads per synthesis
     workers: int = Field(2, ge=1, le=32)  # syntheses running at the same time
+    # Keep the loaded voices' memory warm while idle, for VM hosts that let it go cold
+    # (daemon.engine.Engine.keep_warm): "auto" measures at start-up, "on", "off".
+    keep_warm: Literal["auto", "on", "off"] = "auto"
 
     @field_validator("default", mode="before")
     @classmethod

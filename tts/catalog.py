@@ -90,6 +90,11 @@ class VoiceCatalog:
             raise UnknownVoice(f"no installed voice speaks {language!r}")
         return self._infos[self.default]
 
+    def loaded(self) -> list[Synthesizer]:
+        """The voices whose weights are in memory now."""
+        with self._lock:
+            return list(self._loaded.values())
+
     def synthesizer(self, name: str | None = None) -> Synthesizer:
         info = self.resolve(name)
         with self._lock:

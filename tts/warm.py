@@ -1,0 +1,74 @@
+"""Keeping a loaded voice's memory warm on hosts that let idle memory go cold.
+
+Some virtual machines (measured on the development VM, a KVM guest) come back slowly to
+memory the guest has not touched for a while: the host unmaps it from the guest's page
+tables while idle, and the first touch of every 4 KiB page afterwards costs a fault in the
+host, invisible to the guest (no page fault is counted). Summing 100 MB took 7 ms hot,
+25 ms after 0.3 s of idle, 62 ms after 3 s. A voice is ~70 MB of weights that every first
+chunk reads from start to end, so the first audio of a short command went from 47 ms hot
+to 200-250 ms after 1-3 s of idle: a smart-home request nearly always comes after idle.
+
+Reading one value in every page of the weights every 100 ms keeps them mapped: the same
+first audio then came in 58-70 ms. A sweep costs about 2 ms of one core, so it is for such
+hosts only; ``idle_slowdown`` measures whether this is one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from torch import nn
+
+PAGE = 4096  # bytes; the granularity the host maps memory back in
+
+
+class WeightToucher:
+    """Strided views that read one byte in every page of a set of tensors' storage."""
+
+    def __init__(self, tensors: Iterable[torch.Tensor]) -> None:
+        self.views: list[np.ndarray] = []
+        seen: set[int] = set()
+        for t in tensors:
+            storage = t.untyped_storage()
+            if storage.data_ptr() in seen or storage.nbytes() == 0 or t.device.type != "cpu":
+                continue
+            seen.add(storage.data_ptr())
+            raw = torch.empty(0, dtype=torch.uint8).set_(storage)  # the whole storage, bytes
+            self.views.append(raw.numpy()[::PAGE])
+
+    @classmethod
+    def of(cls, model: nn.Module) -> WeightToucher:
+        """Every tensor a model holds: parameters, buffers, and the weight copies its modules
+        cache in plain attributes (``vits.Conv``'s channels-last weights, for one)."""
+        tensors: list[torch.Tensor] = [*model.parameters(), *model.buffers()]
+        for m in model.modules():
+            tensors += [v for v in vars(m).values() if isinstance(v, torch.Tensor)]
+        return cls(tensors)
+
+    @property
+    def pages(self) -> int:
+        return sum(len(v) for v in self.views)
+
+    def touch(self) -> int:
+        """Read the pages; the sum is returned so that the reads are not dead code."""
+        return sum(int(np.add.reduce(v, dtype=np.uint64)) for v in self.views)
+
+
+def idle_slowdown(megabytes: int = 32, idle: float = 0.5) -> float:
+    """How much slower memory is to read after ``idle`` seconds untouched than hot (1.0 on
+    bare metal; 2-10 on a host that lets idle guest memory go cold). Takes ``idle`` plus a
+    few milliseconds; allocates ``megabytes``."""
+    block = np.ones(megabytes * 1024 * 1024 // 8)
+    block.sum()  # mapped and hot
+
+    def timed() -> float:
+        start = time.perf_counter()
+        block.sum()
+        return time.perf_counter() - start
+
+    hot = min(timed() for _ in range(3))
+    time.sleep(idle)
+    return timed() / max(hot, 1e-9)
