@@ -34,7 +34,7 @@ from typing import Literal
 from tts import AudioChunk, AudioFormat, SynthesisOptions, UnknownVoice, VoiceCatalog, set_threads
 from tts.compose import Composer, Planner, Step
 from tts.text import TextFormat
-from tts.warm import WeightToucher, idle_slowdown
+from tts.warm import PROBE_IDLE, WeightToucher, idle_slowdown
 
 log = logging.getLogger(__name__)
 
@@ -229,12 +229,12 @@ class Engine:
         if mode == "auto":
             slowdown = idle_slowdown()
             if slowdown < COLD_MEMORY_SLOWDOWN:
-                log.info("memory stays warm while idle here (first read after 0.5 s idle "
-                         "%.1fx a hot one): voices.keep_warm not needed", slowdown)
+                log.info("memory stays warm while idle here (first read after %g s idle "
+                         "%.1fx a hot one): voices.keep_warm not needed", PROBE_IDLE, slowdown)
                 return
-            log.info("idle memory goes cold here (first read after 0.5 s idle %.1fx slower "
+            log.info("idle memory goes cold here (first read after %g s idle %.1fx slower "
                      "than a hot one; a VM host?): keeping the loaded voices' weights warm "
-                     "(voices.keep_warm; ~1 ms of CPU every %.0f ms)", slowdown,
+                     "(voices.keep_warm; ~1 ms of CPU every %.0f ms)", PROBE_IDLE, slowdown,
                      self.settings.warm_interval * 1000)
         touchers: list[WeightToucher] = []
         built_at = -1

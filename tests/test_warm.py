@@ -11,7 +11,7 @@ import torch
 from synthetic_voice import VARIANTS, random_model
 
 from daemon.engine import Engine, EngineSettings
-from tts.warm import PAGE, WeightToucher, idle_slowdown
+from tts.warm import PAGE, WeightToucher
 
 
 def test_the_toucher_reads_one_byte_in_every_page_of_every_weight() -> None:
@@ -27,10 +27,6 @@ def test_the_toucher_reads_one_byte_in_every_page_of_every_weight() -> None:
         raw = torch.empty(0, dtype=torch.uint8).set_(weight.untyped_storage())
         raw[0] += 1
     assert toucher.touch() == before + 1
-
-
-def test_idle_slowdown_is_a_ratio() -> None:
-    assert idle_slowdown(megabytes=4, idle=0.01) > 0
 
 
 async def test_the_engine_keeps_loaded_voices_warm_only_when_asked(catalog) -> None:  # type: ignore[no-untyped-def]

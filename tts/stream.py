@@ -230,8 +230,9 @@ def decode_windows(model: Vits, z_p: torch.Tensor, g: torch.Tensor | None, gain:
     goes through each once. To hand out the audio through the end of a window, the generator
     needs its receptive field of latent frames past it, and the flow its own past those; the
     first window's push is therefore that much longer, later pushes are just the window, or
-    more where ``pace`` lets the flow run ahead.
+    more where ``pace`` lets the flow run ahead (without one, it never does).
     """
+    pace = pace or FlowPace(1, cap=0)
     frames = z_p.shape[2]
     dc, fc = model.dec.receptive_field, model.flow.receptive_field
     with torch.inference_mode():
@@ -247,22 +248,20 @@ def decode_windows(model: Vits, z_p: torch.Tensor, g: torch.Tensor | None, gain:
         with torch.inference_mode():
             target = min(frames, need + fc)
             if target > fed:
-                extra = pace.ahead() if pace is not None else 0
+                extra = pace.ahead()
                 if extra:
                     target += extra
                     if frames - target <= extra // 2:  # no sliver left for a push of its own
                         target = frames
                     target = min(frames, target)
-                started = pace.clock() if pace is not None else 0.0
+                started = pace.clock()
                 latent.append(flow.push(z_p[:, :, fed:target], final=target == frames))
-                if pace is not None:
-                    pace.flow_ran(target - fed, pace.clock() - started)
+                pace.flow_ran(target - fed, pace.clock() - started)
                 fed = target
             z = torch.cat(latent, dim=2) if len(latent) > 1 else latent[0]
             take = need - pushed
             latent = [z[:, :, take:]]
             audio = gen.push(z[:, :, :take], final=need == frames)
-        if pace is not None:
-            pace.out(audio.shape[0])
+        pace.out(audio.shape[0])
         pushed = need
         yield _apply_gain(audio.numpy(), gain), need == frames

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 PAGE = 4096  # bytes; the granularity the host maps memory back in
+PROBE_IDLE = 0.5  # seconds ``idle_slowdown`` leaves its block untouched
 
 
 class WeightToucher:
@@ -57,7 +58,7 @@ class WeightToucher:
         return sum(int(np.add.reduce(v, dtype=np.uint64)) for v in self.views)
 
 
-def idle_slowdown(megabytes: int = 32, idle: float = 0.5) -> float:
+def idle_slowdown(megabytes: int = 32, idle: float = PROBE_IDLE) -> float:
     """How much slower memory is to read after ``idle`` seconds untouched than hot (1.0 on
     bare metal; 2-10 on a host that lets idle guest memory go cold). Takes ``idle`` plus a
     few milliseconds; allocates ``megabytes``."""
