@@ -17,15 +17,14 @@ import torch
 from torch import Tensor
 
 from .incremental import Delay, StreamConv
-from .vits import LRELU_SLOPE, Conv, Generator, ResBlock1, ResBlock2, Upsample, _as_int
+from .vits import LRELU_SLOPE, Conv, Generator, ResBlock1, ResBlock2, Upsample, _as_int, nhwc
 
 PIECE = 1 << 17  # values per piece in the upsampled stages (512 KiB of float32)
 
 
 def _conv(module: object, slope: float | None) -> StreamConv:
-    """A generator convolution ('same' padding) fed piece by piece."""
     assert isinstance(module, Conv), f"expected vits.Conv, got {type(module).__name__}"
-    return StreamConv(module.valid, module.radius, 2 * module.radius, slope)
+    return StreamConv.same(module, slope)
 
 
 class _Upsample:
@@ -94,8 +93,7 @@ class StreamingGenerator:
 
     def __init__(self, gen: Generator, g: Tensor | None) -> None:
         self.gen = gen
-        self.cond = gen.cond(g.unsqueeze(2).contiguous(memory_format=torch.channels_last)) \
-            if g is not None else None
+        self.cond = gen.cond(nhwc(g)) if g is not None else None
         self.pre = _conv(gen.conv_pre, None)
         self.ups = [_Upsample(u) for u in gen.ups]  # type: ignore[arg-type]
         nk = gen.num_kernels
@@ -105,8 +103,9 @@ class StreamingGenerator:
         self.post = _conv(gen.conv_post, 0.01)  # F.leaky_relu's default, as trained
 
     def push(self, z: Tensor, final: bool = False) -> Tensor:
-        """Latent frames ``[1, c, t]`` -> the audio samples now complete ``[t']``."""
-        x = self.pre.push(z.unsqueeze(2).contiguous(memory_format=torch.channels_last), final)
+        """Latent frames (channels-last ``[1, c, 1, t]``, or ``[1, c, t]``) -> the audio
+        samples now complete ``[t']``."""
+        x = self.pre.push(z if z.dim() == 4 else nhwc(z), final)
         if self.cond is not None:
             x = x + self.cond
         return torch.cat(self._stage(0, x, final))

@@ -11,6 +11,7 @@ one-shot model's zero padding appears as zeros prepended at the start and append
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -53,6 +54,15 @@ def assemble(x: Tensor, tail: Tensor | None, lead: int, trail: int,
     return buf
 
 
+class SameConv(Protocol):
+    """A 'same'-padded convolution that can also run unpadded (``vits.Conv``)."""
+
+    @property
+    def radius(self) -> int: ...
+
+    def valid(self, x: Tensor) -> Tensor: ...
+
+
 class StreamConv:
     """A convolution fed piece by piece.
 
@@ -69,6 +79,11 @@ class StreamConv:
         self.context = context
         self.slope = slope
         self.tail: Tensor | None = None
+
+    @classmethod
+    def same(cls, conv: SameConv, slope: float | None = None) -> StreamConv:
+        """A 'same' convolution (any radius, 0 for a 1x1) fed piece by piece."""
+        return cls(conv.valid, conv.radius, 2 * conv.radius, slope)
 
     def push(self, x: Tensor, final: bool) -> Tensor:
         if self.context == 0 and self.slope is None:

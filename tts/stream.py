@@ -24,7 +24,7 @@ import torch
 from .flow_stream import StreamingFlow
 from .generator_stream import StreamingGenerator
 from .phonemize import phoneme_ids, phonemize
-from .vits import Vits
+from .vits import Vits, nhwc
 from .voice import Voice
 
 _threads_lock = threading.Lock()
@@ -238,6 +238,7 @@ def decode_windows(model: Vits, z_p: torch.Tensor, g: torch.Tensor | None, gain:
     with torch.inference_mode():
         flow = StreamingFlow(model.flow, g)
         gen = StreamingGenerator(model.dec, g)
+        z_p = nhwc(z_p)  # the layout both halves work in: every window is then contiguous
     fed = 0  # prior frames given to the flow
     latent: list[torch.Tensor] = []  # flow output not yet given to the generator
     pushed = 0  # latent frames given to the generator
@@ -255,13 +256,13 @@ def decode_windows(model: Vits, z_p: torch.Tensor, g: torch.Tensor | None, gain:
                         target = frames
                     target = min(frames, target)
                 started = pace.clock()
-                latent.append(flow.push(z_p[:, :, fed:target], final=target == frames))
+                latent.append(flow.push(z_p[..., fed:target], final=target == frames))
                 pace.flow_ran(target - fed, pace.clock() - started)
                 fed = target
-            z = torch.cat(latent, dim=2) if len(latent) > 1 else latent[0]
+            z = torch.cat(latent, dim=-1) if len(latent) > 1 else latent[0]
             take = need - pushed
-            latent = [z[:, :, take:]]
-            audio = gen.push(z[:, :, :take], final=need == frames)
+            latent = [z[..., take:]]
+            audio = gen.push(z[..., :take], final=need == frames)
         pace.out(audio.shape[0])
         pushed = need
         yield _apply_gain(audio.numpy(), gain), need == frames

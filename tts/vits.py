@@ -116,10 +116,29 @@ class RowConv(nn.Conv1d):
             for j in range(1, k):
                 y.addcmul_(xp[j * d : j * d + t], w[:, 0, j])
             return y
-        y = F.linear(xp[:t], w[:, :, 0], self.bias)
-        for j in range(1, k):
-            y.addmm_(xp[j * d : j * d + t], w[:, :, j].t())
-        return y
+        return tap_products(xp, w, self.bias, d)
+
+
+def tap_products(rows: Tensor, weight: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
+    """An unpadded convolution of time-major rows ``[t, in]`` -> ``[t', out]`` as products.
+
+    ``weight`` is ``[out, in, k]``. Stored ``[out][k][in]`` and undilated, it is a
+    ``[out, k*in]`` matrix whose columns match ``k`` consecutive rows laid end to end: the
+    convolution is one product with the rows' overlapping windows (a strided view, which
+    the product copies once). Otherwise it is one product per tap with the rows shifted by
+    it, summed; stored tap-major (``RowConv``), each tap is then a contiguous matrix.
+    """
+    out, c, k = weight.shape
+    t_out = rows.shape[0] - dilation * (k - 1)
+    if k > 1 and dilation == 1 and weight.permute(0, 2, 1).is_contiguous():
+        rows = rows.contiguous()
+        windows = rows.as_strided((t_out, k * c), (c, 1))
+        flat = weight.permute(0, 2, 1).reshape(out, k * c)  # a view
+        return windows @ flat.t() if bias is None else torch.addmm(bias, windows, flat.t())
+    y = F.linear(rows[:t_out], weight[:, :, 0], bias)
+    for j in range(1, k):
+        y.addmm_(rows[j * dilation : j * dilation + t_out], weight[:, :, j].t())
+    return y
 
 
 def _row(g: Tensor) -> Tensor:
@@ -415,6 +434,102 @@ class Flip(nn.Module):
     pass
 
 
+# --------------------------------------------------------------------------- convolutions
+
+
+# The flow and the generator, streamed, run their convolutions as 2-D convolutions on
+# channels-last tensors of shape [b, c, 1, t]: oneDNN then skips the layout reorders it does
+# around every 1-D convolution, which at 32-64 channels cost as much as the arithmetic
+# (measured 1.3-4x per layer). Given 3-D tensors (the one-shot model) they are Piper's 1-D
+# modules.
+
+
+_ONEDNN = torch.backends.mkldnn.is_available()
+
+
+def nhwc(x: Tensor) -> Tensor:
+    return x.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+
+
+class Conv(nn.Conv1d):
+    """A Conv1d that, given a channels-last ``[b, c, 1, t]`` tensor, convolves it as 2-D.
+
+    The weight keeps its logical shape ``[out, in, k]`` (loading is unchanged) but is stored
+    ``[out][k][in]``, which is exactly a channels-last ``[out, in, 1, k]``: the 4-D weight
+    oneDNN wants is a view, and a voice holds its convolution weights once, not twice.
+    """
+
+    _w4: Tensor | None = None
+
+    def __init__(self, *args: object, as_products: bool = False, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        w = self.weight.detach()
+        self.weight = nn.Parameter(w.permute(0, 2, 1).contiguous().permute(0, 2, 1))
+        self.as_products = as_products
+
+    def drop_cache(self) -> None:
+        """Forget the 4-D weight view (after the weight tensor was replaced)."""
+        self._w4 = None
+
+    @property
+    def radius(self) -> int:
+        """Samples each side one output depends on (the 'same' padding)."""
+        return _as_int(self.padding)
+
+    def weight4(self) -> Tensor:
+        if self._w4 is None or self._w4.shape[0] != self.weight.shape[0]:
+            # A view while the weight keeps its [out][k][in] storage; a copy only if
+            # something replaced it with another layout.
+            self._w4 = self.weight.detach().unsqueeze(2).contiguous(
+                memory_format=torch.channels_last)
+        return self._w4
+
+    def valid(self, x: Tensor, pad: int = 0) -> Tensor:
+        """Convolve a channels-last ``[b, c, 1, t]`` tensor with ``pad`` zeros each side.
+
+        Dilated ones go to oneDNN directly. ``F.conv2d`` sends inputs under 20480 values
+        (the streamed generator's first pieces) to ATen's own dilated convolution, which
+        measured 1.4-1.7x slower than oneDNN there; undilated small ones stay with ATen,
+        which is faster than oneDNN for them.
+        """
+        dilation = _as_int(self.dilation)
+        if self.as_products:
+            return self._products(x, pad, dilation)
+        if dilation > 1 and _ONEDNN:
+            return torch.mkldnn_convolution(x, self.weight4(), self.bias, (0, pad), (1, 1),
+                                            (1, dilation), 1)
+        return F.conv2d(x, self.weight4(), self.bias, padding=(0, pad), dilation=(1, dilation))
+
+    def _products(self, x: Tensor, pad: int, dilation: int) -> Tensor:
+        """The convolution as matrix products (``tap_products``).
+
+        A channels-last ``[1, c, 1, t]`` tensor is, in memory, time-major rows ``[t, c]``.
+        For the flow's wide, short convolutions (192 -> 384 channels over tens to hundreds
+        of frames) products measured up to 1.3x faster than oneDNN's convolution, which
+        re-lays out its weights at every call, and than ATen's; for the generator's narrower
+        ones oneDNN stays faster.
+        """
+        n, c, _, t = x.shape
+        assert n == 1, "streamed convolutions see one sequence"
+        rows = x.permute(0, 2, 3, 1).reshape(t, c)  # a view of channels-last memory
+        if pad:
+            rows = F.pad(rows, (0, 0, pad, pad))
+        y = tap_products(rows, self.weight.detach(), self.bias, dilation)
+        return y.view(1, 1, y.shape[0], y.shape[1]).permute(0, 3, 1, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() == 3:
+            return super().forward(x)
+        return self.valid(x, self.radius)
+
+
+def _as_int(v: int | str | tuple[int, ...]) -> int:
+    """A 1-D convolution's padding/dilation as one number (torch stores tuples)."""
+    if isinstance(v, str):
+        raise ValueError(f"string padding {v!r} is not used by VITS")
+    return int(v[0]) if isinstance(v, tuple) else int(v)
+
+
 # --------------------------------------------------------------------------- flow
 
 
@@ -426,15 +541,16 @@ class WN(nn.Module):
         self.hidden = hidden
         self.n_layers = n_layers
         self.in_layers = nn.ModuleList(
-            nn.Conv1d(hidden, 2 * hidden, kernel_size, padding=_padding(kernel_size))
+            Conv(hidden, 2 * hidden, kernel_size, padding=_padding(kernel_size),
+                 as_products=True)
             for _ in range(n_layers)
         )
         self.res_skip_layers = nn.ModuleList(
-            nn.Conv1d(hidden, 2 * hidden if i < n_layers - 1 else hidden, 1)
+            Conv(hidden, 2 * hidden if i < n_layers - 1 else hidden, 1, as_products=True)
             for i in range(n_layers)
         )
         if gin_channels:
-            self.cond_layer = nn.Conv1d(gin_channels, 2 * hidden * n_layers, 1)
+            self.cond_layer = Conv(gin_channels, 2 * hidden * n_layers, 1, as_products=True)
 
     def forward(self, x: Tensor, x_mask: Tensor, g: Tensor | None) -> Tensor:
         out = torch.zeros_like(x)
@@ -458,9 +574,9 @@ class ResidualCouplingLayer(nn.Module):
     def __init__(self, c: VitsConfig) -> None:
         super().__init__()
         self.half_channels = c.inter_channels // 2
-        self.pre = nn.Conv1d(self.half_channels, c.hidden_channels, 1)
+        self.pre = Conv(self.half_channels, c.hidden_channels, 1, as_products=True)
         self.enc = WN(c.hidden_channels, c.flow_kernel_size, c.flow_wn_layers, c.gin_channels)
-        self.post = nn.Conv1d(c.hidden_channels, self.half_channels, 1)  # mean only
+        self.post = Conv(c.hidden_channels, self.half_channels, 1, as_products=True)  # mean only
 
     def reverse(self, x: Tensor, x_mask: Tensor, g: Tensor | None) -> Tensor:
         x0, x1 = torch.split(x, [self.half_channels, self.half_channels], dim=1)
@@ -489,66 +605,6 @@ class ResidualCouplingBlock(nn.Module):
 
 
 # --------------------------------------------------------------------------- generator
-
-
-# The generator runs its convolutions as 2-D convolutions on channels-last tensors of shape
-# [b, c, 1, t]: oneDNN then skips the layout reorders it does around every 1-D convolution,
-# which at 32-64 channels cost as much as the arithmetic (measured 1.3-4x per layer). The
-# weights stay in Piper's 1-D modules; their 4-D copies are made once, lazily.
-
-
-_ONEDNN = torch.backends.mkldnn.is_available()
-
-
-def _nhwc(x: Tensor) -> Tensor:
-    return x.unsqueeze(2).contiguous(memory_format=torch.channels_last)
-
-
-class Conv(nn.Conv1d):
-    """A Conv1d that, given a channels-last ``[b, c, 1, t]`` tensor, convolves it as 2-D."""
-
-    _w4: Tensor | None = None
-
-    def drop_cache(self) -> None:
-        """Forget the 4-D weight copy (after the weights were replaced)."""
-        self._w4 = None
-
-    @property
-    def radius(self) -> int:
-        """Samples each side one output depends on (the 'same' padding)."""
-        return _as_int(self.padding)
-
-    def weight4(self) -> Tensor:
-        if self._w4 is None or self._w4.shape[0] != self.weight.shape[0]:
-            self._w4 = self.weight.detach().unsqueeze(2).contiguous(
-                memory_format=torch.channels_last)
-        return self._w4
-
-    def valid(self, x: Tensor, pad: int = 0) -> Tensor:
-        """Convolve a channels-last ``[b, c, 1, t]`` tensor with ``pad`` zeros each side.
-
-        Dilated ones go to oneDNN directly. ``F.conv2d`` sends inputs under 20480 values
-        (the streamed generator's first pieces) to ATen's own dilated convolution, which
-        measured 1.4-1.7x slower than oneDNN there; undilated small ones stay with ATen,
-        which is faster than oneDNN for them.
-        """
-        dilation = _as_int(self.dilation)
-        if dilation > 1 and _ONEDNN:
-            return torch.mkldnn_convolution(x, self.weight4(), self.bias, (0, pad), (1, 1),
-                                            (1, dilation), 1)
-        return F.conv2d(x, self.weight4(), self.bias, padding=(0, pad), dilation=(1, dilation))
-
-    def forward(self, x: Tensor) -> Tensor:
-        if x.dim() == 3:
-            return super().forward(x)
-        return self.valid(x, self.radius)
-
-
-def _as_int(v: int | str | tuple[int, ...]) -> int:
-    """A 1-D convolution's padding/dilation as one number (torch stores tuples)."""
-    if isinstance(v, str):
-        raise ValueError(f"string padding {v!r} is not used by VITS")
-    return int(v[0]) if isinstance(v, tuple) else int(v)
 
 
 class Upsample(nn.ConvTranspose1d):
@@ -678,9 +734,9 @@ class Generator(nn.Module):
 
     def forward(self, x: Tensor, g: Tensor | None = None) -> Tensor:
         """``[b, inter, frames]`` -> ``[b, 1, frames * hop]``."""
-        x = self.conv_pre(_nhwc(x))
+        x = self.conv_pre(nhwc(x))
         if g is not None:
-            x = x + self.cond(_nhwc(g))
+            x = x + self.cond(nhwc(g))
         for i, up in enumerate(self.ups):
             x = up(F.leaky_relu(x, LRELU_SLOPE, inplace=True))
             blocks = self.resblocks[i * self.num_kernels : (i + 1) * self.num_kernels]
