@@ -7,17 +7,23 @@ measured apart, each engine alone in a fresh process speaking the long sentence.
 machines drift,
 so read the ratios herald / piper-tts, not the absolute times.
 
-    .venv/bin/herald bench [--json] [--repeats N] [--threads 1 2]
+    .venv/bin/herald bench [--json] [--repeats N] [--threads 1 2] [--keep-warm auto|on|off]
+
+herald runs as the daemon runs it: ``--keep-warm`` is the daemon's ``voices.keep_warm``
+(default ``auto``: where idle memory goes cold, as on some VM hosts, herald keeps its voice's
+weights warm between requests; piper-tts has no such thing and does not get it).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -25,6 +31,7 @@ from typing import Any
 import numpy as np
 
 COOL_DOWN = 0.3  # seconds between runs
+KEEP_WARM = ("auto", "on", "off")  # herald's voices.keep_warm
 SHORT = "Turn on the kitchen lights."
 LONG = ("The weather service says that a band of heavy rain will reach the coast this evening, "
         "bringing strong winds, falling temperatures and the chance of thunder before it clears "
@@ -50,13 +57,30 @@ def _timed(chunks: Callable[[str], Iterable[np.ndarray]], rate: int) -> Timed:
     return once
 
 
-def _herald(threads: int) -> Timed:
+def _herald(threads: int, keep_warm: str = "auto") -> Timed:
     from tts import SynthesisOptions, VoiceCatalog, set_threads
+    from tts.warm import COLD_MEMORY_SLOWDOWN, Warmer, idle_slowdown
 
     set_threads(threads)
     synth = VoiceCatalog().synthesizer()
     opts = SynthesisOptions()
-    return _timed(lambda text: (c.samples for c in synth.stream(text, opts)), synth.sample_rate)
+    once = _timed(lambda text: (c.samples for c in synth.stream(text, opts)), synth.sample_rate)
+    if keep_warm == "off" or (keep_warm == "auto" and idle_slowdown() < COLD_MEMORY_SLOWDOWN):
+        return once
+    busy = threading.Event()  # as the daemon's engine: no sweep while it speaks
+    warmer, stop = Warmer(lambda: [synth.model], busy=busy.is_set), threading.Event()
+    thread = threading.Thread(target=warmer.run, args=(stop,), daemon=True)
+    thread.start()
+    atexit.register(lambda: (stop.set(), thread.join()))  # not torn down mid-sweep at exit
+
+    def speaking(text: str) -> tuple[float, float, float]:
+        busy.set()
+        try:
+            return once(text)
+        finally:
+            busy.clear()
+
+    return speaking
 
 
 def _piper(threads: int) -> Timed:
@@ -82,9 +106,9 @@ def _piper(threads: int) -> Timed:
 ENGINES = {"herald": _herald, "piper": _piper}
 
 
-def _timing(threads: int, repeats: int) -> dict[str, Any]:
+def _timing(threads: int, repeats: int, keep_warm: str = "auto") -> dict[str, Any]:
     """Both engines in one process, alternating run by run, so load drifts hit both alike."""
-    engines = {name: make(threads) for name, make in ENGINES.items()}
+    engines = {"herald": _herald(threads, keep_warm), "piper": _piper(threads)}
     for once in engines.values():
         once(SHORT)  # warm-up
     raw: dict[str, dict[str, list[tuple[float, float, float]]]] = {
@@ -113,7 +137,7 @@ def _timing(threads: int, repeats: int) -> dict[str, Any]:
 
 def _peak_rss(engine: str, threads: int) -> None:
     """Load one engine alone and speak the long sentence once: its own peak RSS."""
-    ENGINES[engine](threads)(LONG)
+    (_herald(threads, "off") if engine == "herald" else _piper(threads))(LONG)
     print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
@@ -123,12 +147,15 @@ def _spawn(*args: str) -> dict[str, Any]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def main(repeats: int = 5, threads: list[int] | None = None, as_json: bool = False) -> int:
+def main(repeats: int = 5, threads: list[int] | None = None, as_json: bool = False,
+         keep_warm: str = "auto") -> int:
     results: dict[str, Any] = {}
     for n in threads or [1, 2]:
         if not as_json:
-            print(f"measuring at {n} thread(s): herald, piper-tts ...", file=sys.stderr)
-        timing = _spawn("--timing", "--threads", str(n), "--repeats", str(repeats))
+            print(f"measuring at {n} thread(s): herald (keep_warm {keep_warm}), piper-tts ...",
+                  file=sys.stderr)
+        timing = _spawn("--timing", "--threads", str(n), "--repeats", str(repeats),
+                        "--keep-warm", keep_warm)
         h, p = timing["herald"], timing["piper"]
         h["peak_rss_mb"] = _spawn("--rss", "herald", "--threads", str(n))["peak_rss_mb"]
         p["peak_rss_mb"] = _spawn("--rss", "piper", "--threads", str(n))["peak_rss_mb"]
@@ -147,7 +174,7 @@ def main(repeats: int = 5, threads: list[int] | None = None, as_json: bool = Fal
     summary = {k: max(r[k] for r in results.values())
                for k in ("first_audio_short_ratio", "first_audio_long_ratio", "rtf_ratio",
                          "peak_rss_mb")}
-    report = {**summary, "repeats": repeats, "by_threads": results}
+    report = {**summary, "repeats": repeats, "keep_warm": keep_warm, "by_threads": results}
     if as_json:
         print(json.dumps(report, indent=2))
         return 0
@@ -175,10 +202,11 @@ if __name__ == "__main__":
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--keep-warm", choices=KEEP_WARM, default="auto")
     a = ap.parse_args()
     if a.timing:
-        print(json.dumps(_timing(a.threads[0], a.repeats)))
+        print(json.dumps(_timing(a.threads[0], a.repeats, a.keep_warm)))
     elif a.rss:
         _peak_rss(a.rss, a.threads[0])
     else:
-        sys.exit(main(a.repeats, a.threads, a.json))
+        sys.exit(main(a.repeats, a.threads, a.json, a.keep_warm))

@@ -148,6 +148,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="repetitions per figure (default 5)")
     bench.add_argument("--threads", type=threads, nargs="+", default=[1, 2], metavar="N",
                        help="thread counts to measure at, 1-64 (default: 1 2)")
+    bench.add_argument("--keep-warm", choices=("auto", "on", "off"), default="auto",
+                       help="herald's voices.keep_warm, as in the daemon (default auto: keep "
+                       "the voice's weights warm between requests where idle memory goes "
+                       "cold, as on some VM hosts)")
     return p
 
 
@@ -322,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             from bench.engine import main as bench_main
 
-            return bench_main(repeats=args.repeats, threads=args.threads, as_json=args.json)
+            return bench_main(repeats=args.repeats, threads=args.threads, as_json=args.json,
+                              keep_warm=args.keep_warm)
         if args.command == "run":
             from .service import run
 

@@ -34,14 +34,12 @@ from typing import Literal
 from tts import AudioChunk, AudioFormat, SynthesisOptions, UnknownVoice, VoiceCatalog, set_threads
 from tts.compose import Composer, Planner, Step
 from tts.text import TextFormat
-from tts.warm import PROBE_IDLE, WeightToucher, idle_slowdown
+from tts.warm import COLD_MEMORY_SLOWDOWN, PROBE_IDLE, Warmer, idle_slowdown
 
 log = logging.getLogger(__name__)
 
 _DONE = object()
 KeepWarm = Literal["auto", "on", "off"]
-# idle_slowdown() above this: the host lets idle memory go cold, and keeping it warm pays.
-COLD_MEMORY_SLOWDOWN = 2.0
 _LANGUAGE = re.compile(r"^[a-z]{2,3}([_-][A-Za-z]{2})?$")  # en, de_DE, pt-br: not a voice name
 _MAX_VOICE_NAME = 200  # characters; a longer "name" is junk, not echoed back in full
 
@@ -71,7 +69,14 @@ class Engine:
         self._active = 0  # renders in progress (changed on the loop, read by the warmer)
         self._renders = 0  # renders started, ever
         self._closed = threading.Event()
-        self.warm_sweeps = 0  # reads of the idle voices' memory so far
+        self._warmer = Warmer(lambda: [s.model for s in catalog.loaded()],
+                              busy=lambda: self._active > 0, interval=settings.warm_interval,
+                              generation=lambda: self._renders)
+
+    @property
+    def warm_sweeps(self) -> int:
+        """Reads of the idle voices' memory so far."""
+        return self._warmer.sweeps
 
     def resolve_voice(self, name: str | None = None, language: str | None = None,
                       default: str | None = None) -> str:
@@ -236,17 +241,7 @@ class Engine:
                      "than a hot one; a VM host?): keeping the loaded voices' weights warm "
                      "(voices.keep_warm; ~1 ms of CPU every %.0f ms)", PROBE_IDLE, slowdown,
                      self.settings.warm_interval * 1000)
-        touchers: list[WeightToucher] = []
-        built_at = -1
-        while not self._closed.wait(self.settings.warm_interval):
-            if self._active:
-                continue  # speaking: the weights are being read anyway
-            if built_at != self._renders:  # voices load, and cache weight copies, as used
-                built_at = self._renders
-                touchers = [WeightToucher.of(s.model) for s in self.catalog.loaded()]
-            for toucher in touchers:
-                toucher.touch()
-            self.warm_sweeps += 1
+        self._warmer.run(self._closed)
 
     def close(self) -> None:
         self._closed.set()

@@ -15,8 +15,9 @@ hosts only; ``idle_slowdown`` measures whether this is one.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -24,6 +25,8 @@ from torch import nn
 
 PAGE = 4096  # bytes; the granularity the host maps memory back in
 PROBE_IDLE = 0.5  # seconds ``idle_slowdown`` leaves its block untouched
+# idle_slowdown() above this: the host lets idle memory go cold, and keeping it warm pays.
+COLD_MEMORY_SLOWDOWN = 2.0
 
 
 class WeightToucher:
@@ -73,3 +76,34 @@ def idle_slowdown(megabytes: int = 32, idle: float = PROBE_IDLE) -> float:
     hot = min(timed() for _ in range(3))
     time.sleep(idle)
     return timed() / max(hot, 1e-9)
+
+
+class Warmer:
+    """Reads every page of some models' weights each ``interval`` seconds while idle.
+
+    ``busy()`` true skips a sweep (a synthesis reads the weights anyway). ``models()`` is
+    asked again whenever ``generation()`` changes: voices load, and modules cache weight
+    copies, as they are used.
+    """
+
+    def __init__(self, models: Callable[[], Iterable[nn.Module]], busy: Callable[[], bool],
+                 interval: float = 0.1, generation: Callable[[], int] = lambda: 0) -> None:
+        self.models = models
+        self.busy = busy
+        self.interval = interval
+        self.generation = generation
+        self.sweeps = 0
+
+    def run(self, stop: threading.Event) -> None:
+        """Sweep until ``stop`` is set (run it in a thread of its own)."""
+        touchers: list[WeightToucher] = []
+        built_at: int | None = None
+        while not stop.wait(self.interval):
+            if self.busy():
+                continue
+            if built_at != (now := self.generation()):
+                built_at = now
+                touchers = [WeightToucher.of(m) for m in self.models()]
+            for toucher in touchers:
+                toucher.touch()
+            self.sweeps += 1
