@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,14 @@ class HeraldProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+def stop_all_still_running(heralds: Iterable[HeraldProcess], why: str) -> None:
+    """Each herald must still be running (``why`` says why it should be) and must then stop
+    cleanly on SIGTERM."""
+    for h in heralds:
+        assert h.proc.poll() is None, f"{why}:\n{h.tail()}"
+        assert h.terminate() == 0, h.tail()
 
 
 def start_herald(config: Path, log: Path, env: dict[str, str] | None = None) -> HeraldProcess:

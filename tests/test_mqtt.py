@@ -35,7 +35,7 @@ from conftest import (
     voices_of_default,
     wait_port,
 )
-from herald_process import HeraldProcess, herald_env, start_herald
+from herald_process import HeraldProcess, herald_env, start_herald, stop_all_still_running
 from mqtt_client import BASE, DEVICE, Client, Msg
 from paho.mqtt.enums import CallbackAPIVersion
 from synthetic_voice import VARIANTS, export_like_piper, random_model
@@ -804,9 +804,7 @@ def test_credentials_and_mqtt_311(tmp_path: Path) -> None:
             c.disconnect()
             c.loop_stop()
         assert "Not authorized" in refused and "mqtt.password" in refused
-        for h in heralds.values():
-            assert h.proc.poll() is None, "a refused login must not end herald"
-            assert h.terminate() == 0
+        stop_all_still_running(heralds.values(), "a refused login must not end herald")
     finally:
         for h in heralds.values():
             h.kill()
@@ -853,9 +851,7 @@ def test_tls_with_the_brokers_ca_and_with_a_wrong_one(tls_broker: Broker, tmp_pa
             time.sleep(0.1)
         assert heralds["wrong"].output().count("TLS with the broker") == 1, \
             "one line, not one per attempt"
-        for h in heralds.values():
-            assert h.proc.poll() is None, "a failed TLS handshake must not end herald"
-            assert h.terminate() == 0
+        stop_all_still_running(heralds.values(), "a failed TLS handshake must not end herald")
     finally:
         for h in heralds.values():
             h.kill()
