@@ -71,7 +71,11 @@ def _herald(threads: int, keep_warm: str = "auto") -> Timed:
     warmer, stop = Warmer(lambda: [synth.model], busy=busy.is_set), threading.Event()
     thread = threading.Thread(target=warmer.run, args=(stop,), daemon=True)
     thread.start()
-    atexit.register(lambda: (stop.set(), thread.join()))  # not torn down mid-sweep at exit
+
+    @atexit.register
+    def _stop() -> None:  # not torn down mid-sweep at exit: that aborted the process
+        stop.set()
+        thread.join()
 
     def speaking(text: str) -> tuple[float, float, float]:
         busy.set()

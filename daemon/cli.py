@@ -299,11 +299,9 @@ async def _play(chunks: Iterator[ComposedChunk], fmt: AudioFormat, device: str |
             yield to_pcm16(chunk.samples)
             chunk = await asyncio.to_thread(next, chunks, None)
 
-    # The sink's own log line for a device that failed to open speaks for the daemon
-    # ("retrying in 10 s, other outputs keep working"); here the error line below says it.
-    logging.getLogger("herald.speaker").addFilter(
-        lambda r: not (r.levelno == logging.WARNING and "retrying in" in str(r.msg)))
-    sink = SpeakerSink(SpeakerSettings(device=device), Metrics())
+    # A device that fails to open: the error line below says so (the sink's own line speaks
+    # for the daemon, "retrying in 10 s, other outputs keep working").
+    sink = SpeakerSink(SpeakerSettings(device=device), Metrics(), retries=False)
     try:
         await sink.play(fmt, pcm())
     except SpeakerUnavailable as e:

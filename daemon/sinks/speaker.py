@@ -230,8 +230,11 @@ class _Output:
 class SpeakerSink:
     name = "speaker"
 
-    def __init__(self, settings: SpeakerSettings, metrics: Metrics) -> None:
+    def __init__(self, settings: SpeakerSettings, metrics: Metrics, retries: bool = True) -> None:
+        """``retries=False``: a one-off player (``herald say``) that reports a failed device
+        to its caller alone, without the daemon's "retrying" log line."""
         self.settings = settings
+        self._retries = retries
         # Underruns reach Prometheus through the latency record (``PlaybackStats.underruns``
         # -> ``LatencyRecord.underruns``), so the sink doesn't count them here as well.
         self.metrics = metrics
@@ -307,8 +310,7 @@ class SpeakerSink:
         except SpeakerUnavailable as e:
             if fmt is None:
                 self._failed_at, self._failure, self._reinit = time.monotonic(), str(e), True
-                log.warning("speaker: %s; retrying in %.0f s, other outputs keep working",
-                            e, self.settings.retry_seconds)
+                self._log_retry(e)
 
     async def stop(self) -> None:
         """Cut what's playing (with its fade), forget the cue, then close the device."""
@@ -622,6 +624,11 @@ class SpeakerSink:
         if p is not None and not p.done.done():
             p.finish(error)
 
+    def _log_retry(self, e: SpeakerUnavailable) -> None:
+        if self._retries:
+            log.warning("speaker: %s; retrying in %.0f s, other outputs keep working",
+                        e, self.settings.retry_seconds)
+
     async def _ensure_output(self, fmt: AudioFormat) -> _Output:
         """The open stream for ``fmt``, (re)opening it if the format or device changed."""
         out = self._out
@@ -637,8 +644,7 @@ class SpeakerSink:
         except SpeakerUnavailable as e:
             self._failed_at, self._failure = time.monotonic(), str(e)
             self._reinit = True  # rescan devices on the retry: it may have been plugged in
-            log.warning("speaker: %s; retrying in %.0f s, other outputs keep working",
-                        e, self.settings.retry_seconds)
+            self._log_retry(e)
             raise
         self._failed_at, self._reinit = None, False
         o = self._out
