@@ -69,6 +69,7 @@ class Engine:
         self._active = 0  # renders in progress (changed on the loop, read by the warmer)
         self._renders = 0  # renders started, ever
         self._closed = threading.Event()
+        self._warm_thread: threading.Thread | None = None
         self._warmer = Warmer(lambda: [s.model for s in catalog.loaded()],
                               busy=lambda: self._active > 0, interval=settings.warm_interval,
                               generation=lambda: self._renders)
@@ -228,6 +229,7 @@ class Engine:
         thread = threading.Thread(target=self._keep_warm, args=(mode,), name="herald-warm",
                                   daemon=True)
         thread.start()
+        self._warm_thread = thread
         return thread
 
     def _keep_warm(self, mode: KeepWarm) -> None:
@@ -247,3 +249,8 @@ class Engine:
         self._closed.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._cpu.shutdown(wait=False, cancel_futures=True)
+        # Wait out a sweep in progress (or the start-up probe's half second): a thread left
+        # reading tensors while the interpreter exits aborted the process ("terminate called
+        # without an active exception", exit status -6 instead of 0).
+        if self._warm_thread is not None and self._warm_thread is not threading.current_thread():
+            self._warm_thread.join(timeout=2 * PROBE_IDLE)
