@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from tts.warm import KEEP_WARM_MODES
+
 COOL_DOWN = 0.3  # seconds between runs
-KEEP_WARM = ("auto", "on", "off")  # herald's voices.keep_warm
 SHORT = "Turn on the kitchen lights."
 LONG = ("The weather service says that a band of heavy rain will reach the coast this evening, "
         "bringing strong winds, falling temperatures and the chance of thunder before it clears "
@@ -59,23 +60,18 @@ def _timed(chunks: Callable[[str], Iterable[np.ndarray]], rate: int) -> Timed:
 
 def _herald(threads: int, keep_warm: str = "auto") -> Timed:
     from tts import SynthesisOptions, VoiceCatalog, set_threads
-    from tts.warm import COLD_MEMORY_SLOWDOWN, Warmer, idle_slowdown
+    from tts.warm import Warmer
 
     set_threads(threads)
     synth = VoiceCatalog().synthesizer()
     opts = SynthesisOptions()
     once = _timed(lambda text: (c.samples for c in synth.stream(text, opts)), synth.sample_rate)
-    if keep_warm == "off" or (keep_warm == "auto" and idle_slowdown() < COLD_MEMORY_SLOWDOWN):
+    if keep_warm == "off":
         return once
     busy = threading.Event()  # as the daemon's engine: no sweep while it speaks
-    warmer, stop = Warmer(lambda: [synth.model], busy=busy.is_set), threading.Event()
-    thread = threading.Thread(target=warmer.run, args=(stop,), daemon=True)
-    thread.start()
-
-    @atexit.register
-    def _stop() -> None:  # not torn down mid-sweep at exit: that aborted the process
-        stop.set()
-        thread.join()
+    warmer = Warmer(lambda: [synth.model], busy=busy.is_set)
+    warmer.start(keep_warm)
+    atexit.register(warmer.stop)
 
     def speaking(text: str) -> tuple[float, float, float]:
         busy.set()
@@ -206,7 +202,7 @@ if __name__ == "__main__":
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--keep-warm", choices=KEEP_WARM, default="auto")
+    ap.add_argument("--keep-warm", choices=KEEP_WARM_MODES, default="auto")
     a = ap.parse_args()
     if a.timing:
         print(json.dumps(_timing(a.threads[0], a.repeats, a.keep_warm)))

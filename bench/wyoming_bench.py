@@ -47,6 +47,7 @@ from wyoming.tts import (
 )
 
 from bench.engine import COOL_DOWN
+from tts.warm import KEEP_WARM_MODES
 
 VOICE = "en_US-joe-medium"
 CASES = {
@@ -258,7 +259,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5, help="repetitions per figure")
     parser.add_argument("--threads", type=int, default=1, help="herald's torch threads")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--keep-warm", choices=("auto", "on", "off"), default="auto",
+    parser.add_argument("--keep-warm", choices=KEEP_WARM_MODES, default="auto",
                         help="herald's voices.keep_warm (default auto, as the daemon's)")
     parser.add_argument("--pause", type=float, default=COOL_DOWN,
                         help=f"seconds of idle before every request (default {COOL_DOWN}); "

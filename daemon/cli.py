@@ -18,6 +18,7 @@ from tts import SynthesisOptions, VoiceCatalog, VoiceError, set_threads, to_pcm1
 from tts.audio import AudioFormat
 from tts.compose import ComposedChunk, Composer
 from tts.text import MarkupError
+from tts.warm import KEEP_WARM_MODES
 
 from . import __version__
 from .request import NOTHING_TO_SAY
@@ -148,7 +149,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="repetitions per figure (default 5)")
     bench.add_argument("--threads", type=threads, nargs="+", default=[1, 2], metavar="N",
                        help="thread counts to measure at, 1-64 (default: 1 2)")
-    bench.add_argument("--keep-warm", choices=("auto", "on", "off"), default="auto",
+    bench.add_argument("--keep-warm", choices=KEEP_WARM_MODES, default="auto",
                        help="herald's voices.keep_warm, as in the daemon (default auto: keep "
                        "the voice's weights warm between requests where idle memory goes "
                        "cold, as on some VM hosts)")

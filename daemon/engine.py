@@ -29,17 +29,15 @@ import threading
 from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal
 
 from tts import AudioChunk, AudioFormat, SynthesisOptions, UnknownVoice, VoiceCatalog, set_threads
 from tts.compose import Composer, Planner, Step
 from tts.text import TextFormat
-from tts.warm import COLD_MEMORY_SLOWDOWN, PROBE_IDLE, Warmer, idle_slowdown
+from tts.warm import KeepWarm, Warmer
 
 log = logging.getLogger(__name__)
 
 _DONE = object()
-KeepWarm = Literal["auto", "on", "off"]
 _LANGUAGE = re.compile(r"^[a-z]{2,3}([_-][A-Za-z]{2})?$")  # en, de_DE, pt-br: not a voice name
 _MAX_VOICE_NAME = 200  # characters; a longer "name" is junk, not echoed back in full
 
@@ -68,8 +66,6 @@ class Engine:
                                        thread_name_prefix="herald-synth")
         self._active = 0  # renders in progress (changed on the loop, read by the warmer)
         self._renders = 0  # renders started, ever
-        self._closed = threading.Event()
-        self._warm_thread: threading.Thread | None = None
         self._warmer = Warmer(lambda: [s.model for s in catalog.loaded()],
                               busy=lambda: self._active > 0, interval=settings.warm_interval,
                               generation=lambda: self._renders)
@@ -223,34 +219,9 @@ class Engine:
         (~1 ms of one core each time); ``"auto"`` first measures whether idle memory goes
         cold here (half a second, in this thread) and does so only then; ``"off"`` never.
         """
-        mode = self.settings.keep_warm
-        if mode == "off":
-            return None
-        thread = threading.Thread(target=self._keep_warm, args=(mode,), name="herald-warm",
-                                  daemon=True)
-        thread.start()
-        self._warm_thread = thread
-        return thread
-
-    def _keep_warm(self, mode: KeepWarm) -> None:
-        if mode == "auto":
-            slowdown = idle_slowdown()
-            if slowdown < COLD_MEMORY_SLOWDOWN:
-                log.info("memory stays warm while idle here (first read after %g s idle "
-                         "%.1fx a hot one): voices.keep_warm not needed", PROBE_IDLE, slowdown)
-                return
-            log.info("idle memory goes cold here (first read after %g s idle %.1fx slower "
-                     "than a hot one; a VM host?): keeping the loaded voices' weights warm "
-                     "(voices.keep_warm; ~1 ms of CPU every %.0f ms)", PROBE_IDLE, slowdown,
-                     self.settings.warm_interval * 1000)
-        self._warmer.run(self._closed)
+        return self._warmer.start(self.settings.keep_warm)
 
     def close(self) -> None:
-        self._closed.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._cpu.shutdown(wait=False, cancel_futures=True)
-        # Wait out a sweep in progress (or the start-up probe's half second): a thread left
-        # reading tensors while the interpreter exits aborted the process ("terminate called
-        # without an active exception", exit status -6 instead of 0).
-        if self._warm_thread is not None and self._warm_thread is not threading.current_thread():
-            self._warm_thread.join(timeout=2 * PROBE_IDLE)
+        self._warmer.stop()

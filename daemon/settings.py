@@ -40,6 +40,8 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from tts.warm import KeepWarm
+
 from .fronts.http import HttpSettings
 from .fronts.wyoming import WyomingSettings
 from .request import RATE_RANGE
@@ -73,7 +75,7 @@ class VoicesSettings(_Section):
     workers: int = Field(2, ge=1, le=32)  # syntheses running at the same time
     # Keep the loaded voices' memory warm while idle, for VM hosts that let it go cold
     # (daemon.engine.Engine.keep_warm): "auto" measures at start-up, "on", "off".
-    keep_warm: Literal["auto", "on", "off"] = "auto"
+    keep_warm: KeepWarm = "auto"
 
     @field_validator("default", mode="before")
     @classmethod

@@ -15,14 +15,20 @@ hosts only; ``idle_slowdown`` measures whether this is one.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Literal, get_args
 
 import numpy as np
 import torch
 from torch import nn
 
+log = logging.getLogger(__name__)
+
+KeepWarm = Literal["auto", "on", "off"]  # "auto": measure idle_slowdown first, warm if it pays
+KEEP_WARM_MODES: tuple[KeepWarm, ...] = get_args(KeepWarm)
 PAGE = 4096  # bytes; the granularity the host maps memory back in
 PROBE_IDLE = 0.5  # seconds ``idle_slowdown`` leaves its block untouched
 # idle_slowdown() above this: the host lets idle memory go cold, and keeping it warm pays.
@@ -46,7 +52,7 @@ class WeightToucher:
     @classmethod
     def of(cls, model: nn.Module) -> WeightToucher:
         """Every tensor a model holds: parameters, buffers, and the weight copies its modules
-        cache in plain attributes (``vits.Conv``'s channels-last weights, for one)."""
+        cache in plain attributes (``vits.Upsample``'s polyphase weights, for one)."""
         tensors: list[torch.Tensor] = [*model.parameters(), *model.buffers()]
         for m in model.modules():
             tensors += [v for v in vars(m).values() if isinstance(v, torch.Tensor)]
@@ -79,7 +85,8 @@ def idle_slowdown(megabytes: int = 32, idle: float = PROBE_IDLE) -> float:
 
 
 class Warmer:
-    """Reads every page of some models' weights each ``interval`` seconds while idle.
+    """Reads every page of some models' weights each ``interval`` seconds while idle, in a
+    thread of its own (``start``, ``stop``).
 
     ``busy()`` true skips a sweep (a synthesis reads the weights anyway). ``models()`` is
     asked again whenever ``generation()`` changes: voices load, and modules cache weight
@@ -93,12 +100,42 @@ class Warmer:
         self.interval = interval
         self.generation = generation
         self.sweeps = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def run(self, stop: threading.Event) -> None:
-        """Sweep until ``stop`` is set (run it in a thread of its own)."""
+    def start(self, mode: KeepWarm) -> threading.Thread | None:
+        """``"on"``: sweep from now on; ``"auto"``: first measure whether idle memory goes
+        cold here (``idle_slowdown``, half a second, in the thread) and sweep only then;
+        ``"off"``: nothing (None)."""
+        if mode == "off":
+            return None
+        self._thread = threading.Thread(target=self._run, args=(mode == "auto",),
+                                        name="herald-warm", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self) -> None:
+        """End the sweeps and wait out one in progress (or the probe's half second): a thread
+        left reading tensors while the interpreter exits aborted the process ("terminate
+        called without an active exception", exit status -6 instead of 0)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * PROBE_IDLE)
+
+    def _run(self, probe: bool) -> None:
+        if probe:
+            slowdown = idle_slowdown()
+            if slowdown < COLD_MEMORY_SLOWDOWN:
+                log.info("memory stays warm while idle here (first read after %g s idle "
+                         "%.1fx a hot one): keep_warm not needed", PROBE_IDLE, slowdown)
+                return
+            log.info("idle memory goes cold here (first read after %g s idle %.1fx slower "
+                     "than a hot one; a VM host?): keeping the loaded voices' weights warm "
+                     "(keep_warm; ~1 ms of CPU every %.0f ms)", PROBE_IDLE, slowdown,
+                     self.interval * 1000)
         touchers: list[WeightToucher] = []
         built_at: int | None = None
-        while not stop.wait(self.interval):
+        while not self._stop.wait(self.interval):
             if self.busy():
                 continue
             if built_at != (now := self.generation()):
