@@ -26,11 +26,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tts.warm import KEEP_WARM_MODES
+if TYPE_CHECKING:  # tts imports torch: the piper-tts RSS process must not (see _peak_rss)
+    from tts.warm import KeepWarm
 
 COOL_DOWN = 0.3  # seconds between runs
 SHORT = "Turn on the kitchen lights."
@@ -58,7 +60,7 @@ def _timed(chunks: Callable[[str], Iterable[np.ndarray]], rate: int) -> Timed:
     return once
 
 
-def _herald(threads: int, keep_warm: str = "auto") -> Timed:
+def _herald(threads: int, keep_warm: KeepWarm = "auto") -> Timed:
     from tts import SynthesisOptions, VoiceCatalog, set_threads
     from tts.warm import Warmer
 
@@ -83,30 +85,33 @@ def _herald(threads: int, keep_warm: str = "auto") -> Timed:
     return speaking
 
 
-def _piper(threads: int) -> Timed:
+def _default_voice_model() -> Path:
+    from tts import VoiceCatalog
+
+    return VoiceCatalog().resolve().model_path
+
+
+def _piper(threads: int, model: Path | None = None) -> Timed:
+    """piper-tts on ``model`` (NAME.onnx beside NAME.onnx.json; default: herald's default
+    voice, found through ``tts``, which imports torch)."""
     import onnxruntime
     from piper import PiperVoice, SynthesisConfig
     from piper.config import PiperConfig
 
-    from tts import VoiceCatalog
-
-    info = VoiceCatalog().resolve()
+    model = model or _default_voice_model()
     so = onnxruntime.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
-    session = onnxruntime.InferenceSession(str(info.model_path), sess_options=so,
+    session = onnxruntime.InferenceSession(str(model), sess_options=so,
                                            providers=["CPUExecutionProvider"])
-    voice = PiperVoice(session=session,
-                       config=PiperConfig.from_dict(json.loads(info.config_path.read_text())))
+    config = json.loads(model.with_name(model.name + ".json").read_text())
+    voice = PiperVoice(session=session, config=PiperConfig.from_dict(config))
     cfg = SynthesisConfig()
     return _timed(lambda text: (c.audio_float_array for c in voice.synthesize(text, cfg)),
                   voice.config.sample_rate)
 
 
-ENGINES = {"herald": _herald, "piper": _piper}
-
-
-def _timing(threads: int, repeats: int, keep_warm: str = "auto") -> dict[str, Any]:
+def _timing(threads: int, repeats: int, keep_warm: KeepWarm = "auto") -> dict[str, Any]:
     """Both engines in one process, alternating run by run, so load drifts hit both alike."""
     engines = {"herald": _herald(threads, keep_warm), "piper": _piper(threads)}
     for once in engines.values():
@@ -135,9 +140,11 @@ def _timing(threads: int, repeats: int, keep_warm: str = "auto") -> dict[str, An
     return out
 
 
-def _peak_rss(engine: str, threads: int) -> None:
-    """Load one engine alone and speak the long sentence once: its own peak RSS."""
-    (_herald(threads, "off") if engine == "herald" else _piper(threads))(LONG)
+def _peak_rss(engine: str, threads: int, model: Path | None = None) -> None:
+    """Load one engine alone and speak the long sentence once: its own peak RSS. piper-tts
+    gets its voice file from the caller: found through ``tts``, it would carry torch's
+    ~220 MB in its figure."""
+    (_herald(threads, "off") if engine == "herald" else _piper(threads, model))(LONG)
     print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
@@ -148,7 +155,12 @@ def _spawn(*args: str) -> dict[str, Any]:
 
 
 def main(repeats: int = 5, threads: list[int] | None = None, as_json: bool = False,
-         keep_warm: str = "auto") -> int:
+         keep_warm: KeepWarm = "auto") -> int:
+    from tts.warm import KEEP_WARM_MODES
+
+    if keep_warm not in KEEP_WARM_MODES:
+        raise ValueError(f"keep_warm must be one of {', '.join(KEEP_WARM_MODES)}")
+    model = str(_default_voice_model())
     results: dict[str, Any] = {}
     for n in threads or [1, 2]:
         if not as_json:
@@ -158,7 +170,8 @@ def main(repeats: int = 5, threads: list[int] | None = None, as_json: bool = Fal
                         "--keep-warm", keep_warm)
         h, p = timing["herald"], timing["piper"]
         h["peak_rss_mb"] = _spawn("--rss", "herald", "--threads", str(n))["peak_rss_mb"]
-        p["peak_rss_mb"] = _spawn("--rss", "piper", "--threads", str(n))["peak_rss_mb"]
+        p["peak_rss_mb"] = _spawn("--rss", "piper", "--threads", str(n),
+                                  "--model", model)["peak_rss_mb"]
         rtf_h, rtf_p = h["long"]["rtf"], p["long"]["rtf"]
         results[f"threads_{n}"] = {
             "herald": h, "piper": p,
@@ -198,15 +211,16 @@ def main(repeats: int = 5, threads: list[int] | None = None, as_json: bool = Fal
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--timing", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--rss", choices=sorted(ENGINES), help=argparse.SUPPRESS)
+    ap.add_argument("--rss", choices=("herald", "piper"), help=argparse.SUPPRESS)
+    ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--keep-warm", choices=KEEP_WARM_MODES, default="auto")
+    ap.add_argument("--keep-warm", default="auto", help="auto, on or off (checked by main)")
     a = ap.parse_args()
     if a.timing:
         print(json.dumps(_timing(a.threads[0], a.repeats, a.keep_warm)))
     elif a.rss:
-        _peak_rss(a.rss, a.threads[0])
+        _peak_rss(a.rss, a.threads[0], a.model)
     else:
         sys.exit(main(a.repeats, a.threads, a.json, a.keep_warm))
