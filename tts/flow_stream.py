@@ -87,9 +87,9 @@ class StreamingFlow:
         ]
 
     def push(self, z_p: Tensor, final: bool = False) -> Tensor:
-        """Prior frames (channels-last ``[1, c, 1, t]``, or ``[1, c, t]``) -> the latent
-        frames now exact, channels-last ``[1, c, 1, t']``."""
-        x = z_p if z_p.dim() == 4 else nhwc(z_p)
+        """Prior frames, channels-last ``[1, c, 1, t]`` -> the latent frames now exact, the
+        same layout."""
+        x = z_p
         for step in self.steps:
             x = torch.flip(x, [1]) if step is None else step.push(x, final)
         return x

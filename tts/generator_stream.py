@@ -103,9 +103,9 @@ class StreamingGenerator:
         self.post = _conv(gen.conv_post, 0.01)  # F.leaky_relu's default, as trained
 
     def push(self, z: Tensor, final: bool = False) -> Tensor:
-        """Latent frames (channels-last ``[1, c, 1, t]``, or ``[1, c, t]``) -> the audio
-        samples now complete ``[t']``."""
-        x = self.pre.push(z if z.dim() == 4 else nhwc(z), final)
+        """Latent frames, channels-last ``[1, c, 1, t]`` -> the audio samples now complete
+        ``[t']``."""
+        x = self.pre.push(z, final)
         if self.cond is not None:
             x = x + self.cond
         return torch.cat(self._stage(0, x, final))

@@ -68,14 +68,13 @@ class SynthesisOptions:
     def __post_init__(self) -> None:
         """Refuse values the model would fail on only mid-synthesis (a NaN or negative
         length scale makes negative durations) or would take silently (0 reads as unset)."""
-        for name in ("length_scale", "noise_scale", "noise_w", "gain", "sentence_silence",
+        positive = ("length_scale", "gain")
+        for name in (*positive, "noise_scale", "noise_w", "sentence_silence",
                      "paragraph_silence"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            low_ok = value >= 0 if name not in ("length_scale", "gain") else value > 0
-            if not (math.isfinite(value) and low_ok):
-                bound = "above 0" if name in ("length_scale", "gain") else "0 or more"
+            value, strict = getattr(self, name), name in positive
+            if value is not None and not (math.isfinite(value)
+                                          and (value > 0 if strict else value >= 0)):
+                bound = "above 0" if strict else "0 or more"
                 raise ValueError(f"SynthesisOptions.{name} must be a finite number {bound}, "
                                  f"not {value!r}")
 
