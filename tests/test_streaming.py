@@ -92,6 +92,70 @@ def test_a_paced_stream_pushes_the_flow_fewer_times(synth) -> None:  # type: ign
     assert np.abs(ahead - plain).max() < 1e-4
 
 
+@pytest.mark.parametrize("variant", ["medium", "multi_speaker", "plain_dp"])
+def test_the_prior_in_parts_keeps_the_whole_sentences_durations(variant: str) -> None:
+    """The head's durations come from the predictor over the head's ids and its radius only,
+    the rest's from the rest and the radius before it: both must be the durations the
+    predictor gives over the whole sentence. Without sampling noise the latent is the
+    expanded means, so equal latents mean equal durations."""
+    model = random_model(VARIANTS[variant])
+    ids = torch.randint(1, model.config.n_vocab, (1, 260),
+                        generator=torch.Generator().manual_seed(4))
+    g = model.speaker_embedding(1)
+
+    def parts(head: int) -> list[torch.Tensor]:
+        noise = torch.Generator().manual_seed(3)
+        with torch.inference_mode():
+            return list(model.prior_parts(ids, g, 0.0, 0.5, 0.8, noise, head=head))
+
+    split, whole = parts(head=16), parts(head=10_000)
+    assert len(split) == 2 and len(whole) == 1
+    joined = torch.cat(split, dim=-1)
+    assert joined.shape == whole[0].shape and split[0].shape[-1] > 0
+    assert torch.allclose(joined, whole[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("predictor", ["stochastic", "plain"])
+def test_log_durations_of_a_part_are_the_whole_sentences(
+        synth, predictor: str) -> None:  # type: ignore[no-untyped-def]
+    """What ``prior_parts`` relies on: the predictor over a part of the sentence and its
+    ``radius`` gives the log-durations it gives over the whole sentence."""
+    model = synth.model if predictor == "stochastic" else random_model(VARIANTS["plain_dp"])
+    ids = torch.tensor(synth.sentences(LONG_SENTENCE)[0]) % model.config.n_vocab
+    n, r = len(ids), model.dp.radius
+    with torch.inference_mode():
+        x, _, _ = model.enc_p(ids)
+        noise = torch.randn(n, 2, generator=torch.Generator().manual_seed(7)) * 0.8
+        whole = model.dp(x, noise, None)
+        for cut in (100, 250):
+            for a, b in ((0, cut), (cut, n), (cut - 40, cut + 40)):
+                part = model.log_durations(x, noise, None, a, b)
+                # float rounding only: products over other row offsets may round differently
+                assert torch.allclose(part, whole[a:b], rtol=0, atol=1e-6), (a, b)
+            # without the radius past it, the part's last ids would be wrong
+            cropped = model.dp(x[:cut], noise[:cut], None)
+            assert not torch.allclose(cropped[cut - r :], whole[cut - r : cut], rtol=0, atol=1e-6)
+
+
+def test_the_first_chunk_needs_only_the_head_of_the_prior(synth) -> None:  # type: ignore[no-untyped-def]
+    """A long sentence's first audio waits for the durations of its first ids only; the
+    rest of the prior is computed after that audio is out."""
+    parts, g = synth.prior_parts(synth.sentences(LONG_SENTENCE)[0], SynthesisOptions(seed=2))
+    pulled: list[int] = []
+
+    def watched():  # type: ignore[no-untyped-def]
+        for part in parts:
+            pulled.append(part.shape[-1])
+            yield part
+
+    chunks = decode_windows(synth.model, watched(), g)
+    next(chunks)
+    assert len(pulled) == 1
+    rest = list(chunks)
+    assert len(pulled) == 2 and rest[-1][1]  # the rest followed, through the sentence's end
+    assert pulled[0] < pulled[1]  # the head is the smaller part
+
+
 def test_window_plan() -> None:
     assert window_plan(300, 8, 128) == [(0, 8), (8, 24), (24, 56), (56, 120), (120, 248),
                                         (248, 300)]

@@ -1,21 +1,23 @@
 """Streaming synthesis: one sentence -> audio chunks that join into exactly the one-shot audio.
 
-Per sentence the text encoder, the duration predictor and the prior sampling run once (they
-are cheap and need the whole sentence). The flow and the generator, where the time goes,
-then run over windows of latent frames. Each window is widened by the receptive field of
-both (the flow's +-32 frames feeding the generator's +-12), and only its centre is kept, so
-the joined chunks equal one-shot decoding: there is nothing to cross-fade and no click.
-A small first window makes the first audio early; later windows grow so that the
-overlap costs little.
+Per sentence the text encoder runs once over the whole sentence (it attends over all of
+it); the durations and the prior sampling follow in parts (``Vits.prior_parts``), the
+first covering only what the first audio needs. The flow and the generator, where the time
+goes, then run incrementally over windows of latent frames: each keeps the context its next
+outputs need, so the joined chunks equal one-shot decoding, with nothing computed twice,
+nothing to cross-fade and no click. A small first window makes the first audio early;
+later windows grow so that the per-window overhead costs little.
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -127,21 +129,33 @@ class Synthesizer:
 
     def prior(self, ids: list[int], opts: SynthesisOptions,
               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The sentence's whole prior latent ``z_p`` and the speaker conditioning ``g``."""
+        parts, g = self.prior_parts(ids, opts, generator)
+        with torch.inference_mode():
+            return torch.cat(list(parts), dim=-1), g
+
+    def prior_parts(self, ids: list[int], opts: SynthesisOptions,
+                    generator: torch.Generator | None = None
+                    ) -> tuple[Iterator[torch.Tensor], torch.Tensor | None]:
+        """``Vits.prior_parts`` for these options: the text encoder runs now, the parts when
+        iterated (under ``torch.inference_mode``, as ``decode_windows`` does)."""
         opts = opts.with_defaults(self.voice)
         assert opts.noise_scale is not None and opts.length_scale is not None
         assert opts.noise_w is not None
         with torch.inference_mode():
             g = self.model.speaker_embedding(self.voice.speaker_id(opts.speaker))
-            z_p = self.model.prior(torch.tensor([ids], dtype=torch.long), g, opts.noise_scale,
-                                   opts.length_scale, opts.noise_w, generator)
-        return z_p, g
+            parts = self.model.prior_parts(torch.tensor([ids], dtype=torch.long), g,
+                                           opts.noise_scale, opts.length_scale, opts.noise_w,
+                                           generator)
+            first = next(parts)  # the encoder and the head's durations, now
+        return itertools.chain([first], parts), g
 
     def stream_ids(self, ids: list[int], opts: SynthesisOptions,
                    generator: torch.Generator | None = None) -> Iterator[tuple[np.ndarray, bool]]:
         """Audio of one sentence in chunks; the flag marks the last one."""
-        z_p, g = self.prior(ids, opts, generator)
+        parts, g = self.prior_parts(ids, opts, generator)
         pace = FlowPace(self.sample_rate)
-        yield from decode_windows(self.model, z_p, g, opts.gain, self.first_window,
+        yield from decode_windows(self.model, parts, g, opts.gain, self.first_window,
                                   self.max_window, pace)
 
     def synthesize(self, text: str, options: SynthesisOptions = SynthesisOptions()) -> np.ndarray:
@@ -220,8 +234,33 @@ class FlowPace:
         self.handed_out += samples / self.sample_rate
 
 
-def decode_windows(model: Vits, z_p: torch.Tensor, g: torch.Tensor | None, gain: float = 1.0,
-                   first: int = 8, largest: int = 96, pace: FlowPace | None = None
+class _Latents:
+    """A sentence's prior latent, channels-last, joined from its parts as windows need them."""
+
+    def __init__(self, parts: Iterable[torch.Tensor]) -> None:
+        self._parts = iter(parts)
+        self.z: torch.Tensor | None = None
+        self.complete = False  # every part joined: the sentence's length is known
+
+    def fill(self, frames: int) -> int:
+        """Joins parts until ``frames`` are here or there are no more; returns how many are."""
+        while not self.complete and self.frames < frames:
+            part = next(self._parts, None)
+            if part is None:
+                self.complete = True
+                break
+            part = nhwc(part)  # the layout both halves work in: every window is contiguous
+            self.z = part if self.z is None else torch.cat([self.z, part], dim=-1)
+        return self.frames
+
+    @property
+    def frames(self) -> int:
+        return 0 if self.z is None else self.z.shape[-1]
+
+
+def decode_windows(model: Vits, z_p: torch.Tensor | Iterable[torch.Tensor],
+                   g: torch.Tensor | None, gain: float = 1.0, first: int = 8,
+                   largest: int = 96, pace: FlowPace | None = None
                    ) -> Iterator[tuple[np.ndarray, bool]]:
     """Flow + generator over windows of ``z_p`` ``[1, c, frames]``; joins equal ``model.decode``.
 
@@ -230,38 +269,58 @@ def decode_windows(model: Vits, z_p: torch.Tensor, g: torch.Tensor | None, gain:
     needs its receptive field of latent frames past it, and the flow its own past those; the
     first window's push is therefore that much longer, later pushes are just the window, or
     more where ``pace`` lets the flow run ahead (without one, it never does).
+
+    ``z_p`` may come in parts along time (``Vits.prior_parts``): the first window is decoded
+    as soon as the parts cover it and its look-ahead, the rest are taken after it.
     """
     pace = pace or FlowPace(1, cap=0)
-    frames = z_p.shape[2]
     dc, fc = model.dec.receptive_field, model.flow.receptive_field
     with torch.inference_mode():
         flow = StreamingFlow(model.flow, g)
         gen = StreamingGenerator(model.dec, g)
-        z_p = nhwc(z_p)  # the layout both halves work in: every window is then contiguous
+        latents = _Latents([z_p] if isinstance(z_p, torch.Tensor) else z_p)
+        # Enough for the first window, its look-ahead and a window after it: then the
+        # sentence is known to go on past what the first push reads.
+        latents.fill(2 * first + dc + fc + 1)
+
+    def window_ends() -> Iterator[int]:
+        skip = 0
+        if not latents.complete:
+            yield first
+            with torch.inference_mode():
+                latents.fill(sys.maxsize)
+            skip = 1  # the whole sentence's plan starts with that same (0, first)
+        for _, end in window_plan(latents.frames, first, largest)[skip:]:
+            yield end
+
     fed = 0  # prior frames given to the flow
     latent: list[torch.Tensor] = []  # flow output not yet given to the generator
     pushed = 0  # latent frames given to the generator
-    for _, end in window_plan(frames, first, largest):
+    for end in window_ends():
+        frames = latents.frames  # all of them, or (first window) more than it reads
         need = min(frames, end + dc)  # the audio through `end` needs this much look-ahead
         if need <= pushed:
             continue  # an earlier push reached the end of the sentence
         with torch.inference_mode():
             target = min(frames, need + fc)
             if target > fed:
-                extra = pace.ahead()
+                extra = pace.ahead() if latents.complete else 0
                 if extra:
                     target += extra
                     if frames - target <= extra // 2:  # no sliver left for a push of its own
                         target = frames
                     target = min(frames, target)
                 started = pace.clock()
-                latent.append(flow.push(z_p[..., fed:target], final=target == frames))
+                assert latents.z is not None
+                done = latents.complete and target == frames
+                latent.append(flow.push(latents.z[..., fed:target], final=done))
                 pace.flow_ran(target - fed, pace.clock() - started)
                 fed = target
             z = torch.cat(latent, dim=-1) if len(latent) > 1 else latent[0]
             take = need - pushed
             latent = [z[..., take:]]
-            audio = gen.push(z[..., :take], final=need == frames)
+            last = latents.complete and need == frames
+            audio = gen.push(z[..., :take], final=last)
         pace.out(audio.shape[0])
         pushed = need
-        yield _apply_gain(audio.numpy(), gain), need == frames
+        yield _apply_gain(audio.numpy(), gain), last

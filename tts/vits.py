@@ -16,6 +16,7 @@ exposes its receptive field.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,9 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 LRELU_SLOPE = 0.1
+# Ids whose durations a long sentence's first part of the prior covers (``prior_parts``):
+# about 100 latent frames at the usual rate, enough for the first window and its look-ahead.
+PRIOR_HEAD = 48
 
 
 @dataclass(frozen=True)
@@ -276,6 +280,7 @@ class DDSConv(nn.Module):
             self.convs_1x1.append(RowConv(channels, channels, 1))
             self.norms_1.append(LayerNorm(channels))
             self.norms_2.append(LayerNorm(channels))
+        self.radius = sum(_padding(kernel_size, kernel_size**i) for i in range(n_layers))
 
     def forward(self, x: Tensor, g: Tensor | None = None) -> Tensor:
         if g is not None:
@@ -384,6 +389,13 @@ class StochasticDurationPredictor(nn.Module):
         for _ in range(n_flows):
             flows += [ConvFlow(ch, kernel_size, n_layers=3), Flip()]
         self.flows = nn.ModuleList(flows)
+        # Reverse order, skipping flows[1]: VITS trains it only for the posterior.
+        self.order = [self.flows[i] for i in range(len(flows) - 1, 1, -1)] + [self.flows[0]]
+        # Ids each side one log-duration depends on: the conditioning stack, then each
+        # coupling's stack over the other half (the first coupling's is raw noise, but
+        # counting it keeps the bound simple and safe).
+        self.radius = self.convs.radius + sum(
+            f.convs.radius for f in self.order if isinstance(f, ConvFlow))
         if c.gin_channels:
             self.cond = RowConv(c.gin_channels, ch, 1)
 
@@ -394,10 +406,8 @@ class StochasticDurationPredictor(nn.Module):
         if g is not None:
             x = x + _row(self.cond(g))
         x = self.proj.rows(self.convs(x))
-        # Reverse order, skipping flows[1]: VITS trains it only for the posterior.
-        order = [self.flows[i] for i in range(len(self.flows) - 1, 1, -1)] + [self.flows[0]]
         z = noise
-        for flow in order:
+        for flow in self.order:
             if isinstance(flow, Flip):
                 z = torch.flip(z, [1])
             elif isinstance(flow, ConvFlow):
@@ -418,6 +428,7 @@ class DurationPredictor(nn.Module):
         self.norm_1 = LayerNorm(fc)
         self.conv_2 = RowConv(fc, fc, kernel_size, padding=kernel_size // 2)
         self.norm_2 = LayerNorm(fc)
+        self.radius = 2 * (kernel_size // 2)  # ids each side one log-duration depends on
         self.proj = RowConv(fc, 1, 1)
         if c.gin_channels:
             self.cond = RowConv(c.gin_channels, c.hidden_channels, 1)
@@ -758,7 +769,8 @@ class Vits(nn.Module):
         super().__init__()
         self.config = c
         self.enc_p = TextEncoder(c)
-        self.dp: nn.Module = StochasticDurationPredictor(c) if c.use_sdp else DurationPredictor(c)
+        self.dp: StochasticDurationPredictor | DurationPredictor = (
+            StochasticDurationPredictor(c) if c.use_sdp else DurationPredictor(c))
         self.flow = ResidualCouplingBlock(c)
         self.dec = Generator(c)
         if c.n_speakers > 1:
@@ -771,19 +783,50 @@ class Vits(nn.Module):
         return self.emb_g(sid).unsqueeze(-1)  # [1, gin, 1]
 
     def prior(self, ids: Tensor, g: Tensor | None, noise_scale: float, length_scale: float,
-              noise_w: float, generator: torch.Generator | None = None) -> Tensor:
+              noise_w: float, generator: torch.Generator | None = None,
+              head: int = PRIOR_HEAD) -> Tensor:
         """Phoneme ids ``[1, t]`` -> sampled prior latent ``z_p`` ``[1, inter, frames]``."""
+        return torch.cat(list(self.prior_parts(ids, g, noise_scale, length_scale, noise_w,
+                                               generator, head)), dim=-1)
+
+    def prior_parts(self, ids: Tensor, g: Tensor | None, noise_scale: float,
+                    length_scale: float, noise_w: float,
+                    generator: torch.Generator | None = None, head: int = PRIOR_HEAD
+                    ) -> Iterator[Tensor]:
+        """``prior``'s latent in parts along time, the later ones computed when asked for.
+
+        The text encoder attends over the whole sentence, but a log-duration depends only on
+        the ids within the duration predictor's ``radius``. So for a long sentence the
+        durations, expansion and noise of its first ``head`` ids come first (from the
+        predictor run over ``head + radius`` ids), which is all its first audio needs, and
+        the rest follows. Each part draws its own noise: the parts joined are what
+        ``prior`` returns, whether or not anything ran in between.
+        """
         x, m_p, logs_p = self.enc_p(ids[0])
-        noise = torch.randn(1, 2, x.shape[0], generator=generator) * noise_w
-        logw = self.dp(x, noise[0].t(), g)
-        durations = torch.ceil(torch.exp(logw) * length_scale).long()
-        if int(durations.sum()) < 1:
-            durations[-1] = 1
-        # The monotonic path of one sequence is a repeat of each phoneme's statistics.
-        m_p = torch.repeat_interleave(m_p, durations, dim=0).t()[None]
-        logs_p = torch.repeat_interleave(logs_p, durations, dim=0).t()[None]
-        eps = torch.randn(m_p.shape, generator=generator)
-        return (m_p + eps * torch.exp(logs_p) * noise_scale).contiguous()
+        n = x.shape[0]
+        noise = (torch.randn(1, 2, n, generator=generator) * noise_w)[0].t()
+        cuts = [0, head, n] if n > 2 * (head + self.dp.radius) else [0, n]
+        frames = 0
+        for a, b in zip(cuts, cuts[1:]):
+            logw = self.log_durations(x, noise, g, a, b)
+            durations = torch.ceil(torch.exp(logw) * length_scale).long()
+            frames += int(durations.sum())
+            if b == n and frames < 1:
+                durations[-1] = 1
+            # The monotonic path of one sequence is a repeat of each phoneme's statistics.
+            m = torch.repeat_interleave(m_p[a:b], durations, dim=0).t()[None]
+            logs = torch.repeat_interleave(logs_p[a:b], durations, dim=0).t()[None]
+            eps = torch.randn(m.shape, generator=generator)
+            yield (m + eps * torch.exp(logs) * noise_scale).contiguous()
+
+    def log_durations(self, x: Tensor, noise: Tensor, g: Tensor | None, a: int, b: int
+                      ) -> Tensor:
+        """Log-durations of ids ``a:b`` given the whole sentence's hidden rows ``x`` and
+        noise rows: the predictor over those ids and its ``radius`` each side, which gives
+        what it gives over the whole sentence there (up to float rounding)."""
+        r = self.dp.radius
+        lo, hi = max(0, a - r), min(x.shape[0], b + r)
+        return self.dp(x[lo:hi], noise[lo:hi], g)[a - lo : b - lo]
 
     def decode(self, z_p: Tensor, g: Tensor | None) -> Tensor:
         """Prior latent -> waveform ``[1, 1, frames * hop]`` (one shot)."""
