@@ -93,11 +93,13 @@ class RowConv(nn.Conv1d):
     """A 'same' Conv1d applied to time-major rows ``[t, c]`` (``rows``).
 
     The weight keeps its logical shape ``[out, in, k]`` (loading is unchanged) but is stored
-    tap-major, so each tap ``weight[:, :, j]`` is a contiguous matrix: the convolution is k
-    accumulated matrix products over shifted rows, with no im2col copy (measured faster
-    than one product over all taps whose outputs are then shifted and added). Depthwise
-    (``groups == channels``) convolutions become k shifted element-wise products: as a
-    grouped convolution they measured several times slower.
+    tap-major, so each tap ``weight[:, :, j]`` is a contiguous matrix: the convolution is the
+    centre tap's product over all rows plus, for every other tap, a product of the rows it
+    reaches accumulated into the output rows it feeds. There is no im2col copy and no padded
+    copy of the input (for a long sentence's feed-forward layers a fresh megabyte each, of
+    which zeroing, copying and page faults cost 3-6% of the text encoder). Depthwise
+    (``groups == channels``) convolutions become shifted element-wise products the same way:
+    as a grouped convolution they measured several times slower.
     """
 
     def __init__(self, *args: object, **kwargs: object) -> None:
@@ -111,16 +113,25 @@ class RowConv(nn.Conv1d):
         if k == 1:
             return F.linear(x, w[:, :, 0], self.bias)
         r = _padding(k, d)
-        xp = F.pad(x, (0, 0, r, r))
-        if self.groups > 1:
+        centre = r // d
+        depthwise = self.groups > 1
+        if depthwise:
             assert self.groups == self.in_channels == self.out_channels
-            y = xp[:t] * w[:, 0, 0]
+            y = x * w[:, 0, centre]
             if self.bias is not None:
                 y += self.bias
-            for j in range(1, k):
-                y.addcmul_(xp[j * d : j * d + t], w[:, 0, j])
-            return y
-        return tap_products(xp, w, self.bias, d)
+        else:
+            y = F.linear(x, w[:, :, centre], self.bias)
+        for j in range(k):
+            shift = j * d - r  # output row i takes input row i + shift
+            if j == centre or abs(shift) >= t:
+                continue  # beyond the sentence: the tap only ever meets padding
+            a, b = max(0, -shift), t - max(0, shift)
+            if depthwise:
+                y[a:b].addcmul_(x[a + shift : b + shift], w[:, 0, j])
+            else:
+                y[a:b].addmm_(x[a + shift : b + shift], w[:, :, j].t())
+        return y
 
 
 def tap_products(rows: Tensor, weight: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
@@ -130,7 +141,7 @@ def tap_products(rows: Tensor, weight: Tensor, bias: Tensor | None, dilation: in
     ``[out, k*in]`` matrix whose columns match ``k`` consecutive rows laid end to end: the
     convolution is one product with the rows' overlapping windows (a strided view, which
     the product copies once). Otherwise it is one product per tap with the rows shifted by
-    it, summed; stored tap-major (``RowConv``), each tap is then a contiguous matrix.
+    it, summed.
     """
     out, c, k = weight.shape
     t_out = rows.shape[0] - dilation * (k - 1)
@@ -183,13 +194,34 @@ class MultiHeadAttention(nn.Module):
         # around the main one get a relative term. ``_band`` views those diagonals of a
         # matrix padded by w columns each side as the rows of a [t, 2w+1] matrix, so the
         # relative terms go in and out with one product each instead of building Piper's
-        # [t, 2t-1] relative matrices.
-        scores = q.new_zeros(h, t, t + 2 * w)
-        _band(scores, w).copy_(q @ self.emb_rel_k[0].transpose(0, 1))
-        scores = torch.baddbmm(scores[:, :, w : w + t], q, key.transpose(1, 2))  # [h, t, t]
+        # [t, 2t-1] relative matrices. The scores are written straight into the padded
+        # matrix's interior: its padding is only ever written through the band, never read,
+        # so it is neither zeroed nor copied (a megabyte a layer for a long sentence).
+        padded = q.new_empty(h, t, t + 2 * w)
+        scores = torch.bmm(q, key.transpose(1, 2), out=padded[:, :, w : w + t])  # [h, t, t]
+        _band(padded, w).add_(q @ self.emb_rel_k[0].transpose(0, 1))
         p_attn = torch.softmax(scores, dim=-1)
-        out = torch.baddbmm(_band(F.pad(p_attn, (w, w)), w) @ self.emb_rel_v[0], p_attn, v)
+        out = torch.baddbmm(_diagonals(p_attn, w) @ self.emb_rel_v[0], p_attn, v)
         return self.conv_o.rows(out.transpose(0, 1).reshape(t, d))
+
+
+def _diagonals(m: Tensor, w: int) -> Tensor:
+    """Diagonals -w..w of ``[h, t, t]`` as ``[h, t, 2w + 1]``, zero outside the matrix.
+
+    The rows at least w from either edge are a strided view of ``m`` itself; only the w
+    rows at each edge go through a small padded copy (``_band``).
+    """
+    h, t, _ = m.shape
+    if t <= 2 * w:
+        return _band(F.pad(m, (w, w)), w)
+    n = 2 * w + 1
+    out = m.new_empty(h, t, n)
+    assert m.is_contiguous()
+    out[:, w : t - w] = m.as_strided((h, t - 2 * w, n), (t * t, t + 1, 1),
+                                     m.storage_offset() + w * t)
+    out[:, :w] = _band(F.pad(m[:, :w, : 2 * w], (w, 0)), w)
+    out[:, t - w :] = _band(F.pad(m[:, t - w :, t - 2 * w :], (0, w)), w)
+    return out
 
 
 def _band(padded: Tensor, w: int) -> Tensor:
