@@ -137,10 +137,14 @@ def test_log_durations_of_a_part_are_the_whole_sentences(
             assert not torch.allclose(cropped[cut - r :], whole[cut - r : cut], rtol=0, atol=1e-6)
 
 
-def test_the_first_chunk_needs_only_the_head_of_the_prior(synth) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("length_scale", [1.0, 0.3])
+def test_the_first_chunk_needs_only_the_head_of_the_prior(  # type: ignore[no-untyped-def]
+        synth, length_scale: float) -> None:
     """A long sentence's first audio waits for the durations of its first ids only; the
-    rest of the prior is computed after that audio is out."""
-    parts, g = synth.prior_parts(synth.sentences(LONG_SENTENCE)[0], SynthesisOptions(seed=2))
+    rest of the prior is computed after that audio is out. Also when spoken fast (fewer
+    frames an id, so the head takes more ids)."""
+    opts = SynthesisOptions(seed=2, length_scale=length_scale)
+    parts, g = synth.prior_parts(synth.sentences(LONG_SENTENCE)[0], opts)
     pulled: list[int] = []
 
     def watched():  # type: ignore[no-untyped-def]
