@@ -71,7 +71,8 @@ def _herald(threads: int, keep_warm: KeepWarm = "auto") -> Timed:
     if keep_warm == "off":
         return once
     busy = threading.Event()  # as the daemon's engine: no sweep while it speaks
-    warmer = Warmer(lambda: [synth.model], busy=busy.is_set)
+    runs = [0]  # as the engine's renders: the warmer relearns weights and code after them
+    warmer = Warmer(lambda: [synth.model], busy=busy.is_set, generation=lambda: runs[0])
     warmer.start(keep_warm)
     atexit.register(warmer.stop)
 
@@ -80,6 +81,7 @@ def _herald(threads: int, keep_warm: KeepWarm = "auto") -> Timed:
         try:
             return once(text)
         finally:
+            runs[0] += 1
             busy.clear()
 
     return speaking

@@ -215,9 +215,10 @@ class Engine:
         Some VM hosts unmap guest memory that sits idle, and every page is then slow to
         touch again: the first audio of a short command after a few seconds of idle took
         200-250 ms instead of 47 (``tts.warm``). ``keep_warm = "on"`` reads one value in every
-        page of the loaded voices' weights each ``warm_interval`` while no synthesis runs
-        (~1 ms of one core each time); ``"auto"`` first measures whether idle memory goes
-        cold here (half a second, in this thread) and does so only then; ``"off"`` never.
+        page of the loaded voices' weights, and of the code syntheses ran, each
+        ``warm_interval`` while no synthesis runs (2-3 ms of one core each time); ``"auto"``
+        first measures whether idle memory goes cold here (half a second, in the warm
+        thread) and does so only then; ``"off"`` never.
         """
         return self._warmer.start(self.settings.keep_warm)
 

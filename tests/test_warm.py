@@ -3,15 +3,20 @@ engine sweeps while idle only when asked to (or when it measured that memory goe
 
 from __future__ import annotations
 
+import _ctypes
 import asyncio
+import ctypes
 import math
+import mmap
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from synthetic_voice import VARIANTS, random_model
 
 from daemon.engine import Engine, EngineSettings
-from tts.warm import PAGE, WeightToucher
+from tts.warm import PAGE, CodeToucher, WeightToucher
 
 
 def test_the_toucher_reads_one_byte_in_every_page_of_every_weight() -> None:
@@ -27,6 +32,45 @@ def test_the_toucher_reads_one_byte_in_every_page_of_every_weight() -> None:
         raw = torch.empty(0, dtype=torch.uint8).set_(weight.untyped_storage())
         raw[0] += 1
     assert toucher.touch() == before + 1
+
+
+def test_the_code_toucher_learns_the_code_that_ran_since_forget() -> None:
+    everything = CodeToucher()  # all code that ran since start-up (or the last forget)
+    assert CodeToucher.forget() > 0
+    model = random_model(VARIANTS["x_low"])
+    with torch.inference_mode():
+        model.dec(torch.randn(1, model.config.inter_channels, 4), None)
+    learned = CodeToucher()
+    assert 0 < learned.pages < everything.pages
+    assert any("libtorch_cpu" in path for path in learned.paths)  # the generator ran there
+    assert learned.touch() == learned.touch() > 0  # reads the same code bytes each time
+
+
+def _text_mapping(path: Path) -> tuple[int, int]:
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[1] == "r-xp" and fields[5] == str(path):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            return start, end
+    raise AssertionError(f"{path} has no executable mapping")
+
+
+def test_forget_leaves_privately_written_code_alone(tmp_path: Path) -> None:
+    """Dropping the page-table entries of a mapping reverts its written pages to the file;
+    ``forget`` must skip such mappings (a debugger's breakpoint, a patched library)."""
+    lib = tmp_path / "copy.so"
+    shutil.copy(_ctypes.__file__, lib)  # any shared object, loaded afresh from a new path
+    ctypes.CDLL(str(lib))
+    start, end = _text_mapping(lib)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    byte = ctypes.c_uint8.from_address(start)
+    original = byte.value
+    assert libc.mprotect(start, end - start, mmap.PROT_READ | mmap.PROT_WRITE) == 0
+    byte.value = original ^ 0xFF  # a private copy of the page now differs from the file
+    assert libc.mprotect(start, end - start, mmap.PROT_READ | mmap.PROT_EXEC) == 0
+    CodeToucher.forget()
+    assert byte.value == original ^ 0xFF
 
 
 async def test_the_engine_keeps_loaded_voices_warm_only_when_asked(catalog) -> None:  # type: ignore[no-untyped-def]

@@ -9,17 +9,24 @@ chunk reads from start to end, so the first audio of a short command went from 4
 to 200-250 ms after 1-3 s of idle: a smart-home request nearly always comes after idle.
 
 Reading one value in every page of the weights every 100 ms keeps them mapped: the same
-first audio then came in 58-70 ms. A sweep costs about 2 ms of one core, so it is for such
-hosts only; ``idle_slowdown`` measures whether this is one.
+first audio then came in 58-70 ms. What was left is the code a synthesis runs: some 30 MB
+of libtorch, Python and NumPy pages, cold again after every idle (a short command 78 ms
+after 5 s of idle with the weights warm, 39 ms hot). ``CodeToucher`` learns which code
+pages run (``forget`` drops the page-table entries of the start-up's code, the page map
+then shows what ran since) and the sweeps read those too: 40 ms after 5 s. A sweep costs
+one or two milliseconds of one core, so it is for such hosts only; ``idle_slowdown``
+measures whether this is one.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Literal, get_args
+from typing import BinaryIO, Literal, Protocol, get_args
 
 import numpy as np
 import torch
@@ -67,6 +74,98 @@ class WeightToucher:
         return sum(int(np.add.reduce(v, dtype=np.uint64)) for v in self.views)
 
 
+_PRESENT = np.uint64(1 << 63)  # /proc/self/pagemap: the page is mapped
+_FILE_PAGE = np.uint64(1 << 61)  # ... and is the file's page, not a private written copy
+_MADV_DONTNEED = 4
+
+
+def _code_mappings() -> list[tuple[int, int, str]]:
+    """This process's executable file mappings: (start, end, path)."""
+    found = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[1] == "r-xp" and fields[5].startswith("/"):
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                found.append((start, end, fields[5].rstrip("\n")))
+    return found
+
+
+def _page_flags(pagemap: BinaryIO, start: int, end: int) -> np.ndarray:
+    """One 64-bit entry per page of ``[start, end)`` (see ``_PRESENT``, ``_FILE_PAGE``)."""
+    pagemap.seek(start // PAGE * 8)
+    return np.frombuffer(pagemap.read((end - start) // PAGE * 8), dtype=np.uint64)
+
+
+def _pin(path: str) -> bool:
+    """Keep a loaded shared object loaded for good: a later ``dlclose`` (ALSA unloads its
+    plugins, for one) then never unmaps pages a sweep reads. False if ``path`` is not a
+    loaded shared object (the executable, a deleted file)."""
+    try:
+        ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NODELETE)
+    except OSError:
+        return False
+    return True
+
+
+class CodeToucher:
+    """One byte in every page of this process's code that has run since ``forget`` (or
+    start-up), read from the loaded libraries in place.
+
+    Which pages ran comes from the page map: a file-backed page is in the page table only
+    once something executed or read it. Only libraries that ``_pin`` could make permanent
+    are read.
+    """
+
+    def __init__(self) -> None:
+        self.views: list[tuple[np.ndarray, np.ndarray]] = []
+        self.paths: list[str] = []
+        with open("/proc/self/pagemap", "rb", buffering=0) as pagemap:
+            for start, end, path in _code_mappings():
+                offsets = np.flatnonzero(_page_flags(pagemap, start, end) & _PRESENT) * PAGE
+                if len(offsets) == 0 or not _pin(path):
+                    continue
+                mapping = (ctypes.c_uint8 * (end - start)).from_address(start)
+                self.views.append((np.ctypeslib.as_array(mapping), offsets))
+                self.paths.append(path)
+
+    @staticmethod
+    def forget() -> int:
+        """Drop this process's page-table entries for its code, so that the pages the next
+        ``CodeToucher`` finds are the ones that ran since (a synthesis, the event loop), not
+        all that ran at start-up. Harmless to running code: a dropped page comes back from
+        the page cache on its next use. A mapping holding a privately written page is left
+        alone (dropping it would revert the page to the file). Returns the mappings
+        dropped."""
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        dropped = 0
+        with open("/proc/self/pagemap", "rb", buffering=0) as pagemap:
+            for start, end, path in _code_mappings():
+                flags = _page_flags(pagemap, start, end)
+                if np.any((flags & _PRESENT != 0) & (flags & _FILE_PAGE == 0)):
+                    continue  # a written page: dropping it would lose the writing
+                if not _pin(path):
+                    continue
+                if madvise(start, end - start, _MADV_DONTNEED) == 0:
+                    dropped += 1
+        return dropped
+
+    @property
+    def pages(self) -> int:
+        return sum(len(offsets) for _, offsets in self.views)
+
+    def touch(self) -> int:
+        return sum(int(view[offsets].sum()) for view, offsets in self.views)
+
+
+class _Toucher(Protocol):
+    @property
+    def pages(self) -> int: ...
+
+    def touch(self) -> int: ...
+
+
 def idle_slowdown(megabytes: int = 32, idle: float = PROBE_IDLE) -> float:
     """How much slower memory is to read after ``idle`` seconds untouched than hot (1.0 on
     bare metal; 2-10 on a host that lets idle guest memory go cold). Takes ``idle`` plus a
@@ -85,12 +184,13 @@ def idle_slowdown(megabytes: int = 32, idle: float = PROBE_IDLE) -> float:
 
 
 class Warmer:
-    """Reads every page of some models' weights each ``interval`` seconds while idle, in a
-    thread of its own (``start``, ``stop``).
+    """Reads every page of some models' weights, and the code pages syntheses ran, each
+    ``interval`` seconds while idle, in a thread of its own (``start``, ``stop``).
 
     ``busy()`` true skips a sweep (a synthesis reads the weights anyway). ``models()`` is
-    asked again whenever ``generation()`` changes: voices load, and modules cache weight
-    copies, as they are used.
+    asked again, and the code that ran looked up again, whenever ``generation()`` changes
+    (count the syntheses): voices load, modules cache weight copies, and code runs, as
+    they are used.
     """
 
     def __init__(self, models: Callable[[], Iterable[nn.Module]], busy: Callable[[], bool],
@@ -130,17 +230,31 @@ class Warmer:
                          "%.1fx a hot one): keep_warm not needed", PROBE_IDLE, slowdown)
                 return
             log.info("idle memory goes cold here (first read after %g s idle %.1fx slower "
-                     "than a hot one; a VM host?): keeping the loaded voices' weights warm "
-                     "(keep_warm; ~1 ms of CPU every %.0f ms)", PROBE_IDLE, slowdown,
-                     self.interval * 1000)
-        touchers: list[WeightToucher] = []
+                     "than a hot one; a VM host?): keeping the loaded voices' weights and "
+                     "the code synthesis runs warm (keep_warm; a sweep every %.0f ms)",
+                     PROBE_IDLE, slowdown, self.interval * 1000)
+        code = self._learn_code()
+        touchers: list[_Toucher] = []
         built_at: int | None = None
         while not self._stop.wait(self.interval):
             if self.busy():
                 continue
             if built_at != (now := self.generation()):
-                built_at = now
+                built_at = now  # syntheses ran: more weight copies, more code that ran
                 touchers = [WeightToucher.of(m) for m in self.models()]
+                if code:
+                    touchers.append(CodeToucher())
             for toucher in touchers:
                 toucher.touch()
             self.sweeps += 1
+
+    def _learn_code(self) -> bool:
+        """Start learning which code runs (``CodeToucher.forget``); False where the page
+        map cannot be read (not Linux, a sandbox): the weights are still kept warm."""
+        try:
+            dropped = CodeToucher.forget()
+        except (OSError, AttributeError, ValueError) as e:
+            log.info("keep_warm: keeping the weights warm, not the code (%s)", e)
+            return False
+        log.debug("keep_warm: code page tables of %d libraries dropped", dropped)
+        return True
