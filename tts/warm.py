@@ -243,7 +243,11 @@ class Warmer:
                 built_at = now  # syntheses ran: more weight copies, more code that ran
                 touchers = [WeightToucher.of(m) for m in self.models()]
                 if code:
-                    touchers.append(CodeToucher())
+                    try:
+                        touchers.append(CodeToucher())
+                    except (OSError, ValueError) as e:
+                        log.info("keep_warm: no longer keeping the code warm (%s)", e)
+                        code = False
             for toucher in touchers:
                 toucher.touch()
             self.sweeps += 1
