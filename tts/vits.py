@@ -192,37 +192,58 @@ class MultiHeadAttention(nn.Module):
         q = heads(self.conv_q).mul_(1 / math.sqrt(k))
         key, v = heads(self.conv_k), heads(self.conv_v)
         # Relative positions beyond +-window have zero embeddings: only the 2w+1 diagonals
-        # around the main one get a relative term. ``_band`` views those diagonals of a
-        # matrix padded by w columns each side as the rows of a [t, 2w+1] matrix, so the
-        # relative terms go in and out with one product each instead of building Piper's
-        # [t, 2t-1] relative matrices. The scores are written straight into the padded
-        # matrix's interior: its padding is only ever written through the band, never read,
-        # so it is neither zeroed nor copied (a megabyte a layer for a long sentence).
-        padded = q.new_empty(h, t, t + 2 * w)
-        scores = torch.bmm(q, key.transpose(1, 2), out=padded[:, :, w : w + t])  # [h, t, t]
-        _band(padded, w).add_(q @ self.emb_rel_k[0].transpose(0, 1))
+        # around the main one get a relative term, which goes in and out through
+        # [t, 2w+1] bands (``_diagonals``, ``_add_diagonals``) with one product each instead
+        # of building Piper's [t, 2t-1] relative matrices.
+        scores = torch.bmm(q, key.transpose(1, 2))  # [h, t, t]
+        _add_diagonals(scores, q @ self.emb_rel_k[0].transpose(0, 1), w)
         p_attn = torch.softmax(scores, dim=-1)
         out = torch.baddbmm(_diagonals(p_attn, w) @ self.emb_rel_v[0], p_attn, v)
         return self.conv_o.rows(out.transpose(0, 1).reshape(t, d))
 
 
-def _diagonals(m: Tensor, w: int) -> Tensor:
-    """Diagonals -w..w of ``[h, t, t]`` as ``[h, t, 2w + 1]``, zero outside the matrix.
+# The diagonals -w..w of a contiguous [h, t, t] matrix, as the rows of [h, t, 2w+1]: for the
+# rows at least w from either edge they are a strided view of the matrix itself (row i
+# starts at (i, i - w)); only the w rows at each edge, whose diagonals leave the matrix, go
+# through a small copy padded with zeros (``_band``). For a long sentence this spares a
+# padded copy of the whole matrix (a megabyte a layer) each way.
 
-    The rows at least w from either edge are a strided view of ``m`` itself; only the w
-    rows at each edge go through a small padded copy (``_band``).
-    """
+
+def _diagonals(m: Tensor, w: int) -> Tensor:
+    """Diagonals -w..w of ``m`` ``[h, t, t]`` as ``[h, t, 2w + 1]``, zero outside it."""
     h, t, _ = m.shape
     if t <= 2 * w:
         return _band(F.pad(m, (w, w)), w)
-    n = 2 * w + 1
-    out = m.new_empty(h, t, n)
-    assert m.is_contiguous()
-    out[:, w : t - w] = m.as_strided((h, t - 2 * w, n), (t * t, t + 1, 1),
-                                     m.storage_offset() + w * t)
+    out = m.new_empty(h, t, 2 * w + 1)
+    out[:, w : t - w] = _inner_diagonals(m, w)
     out[:, :w] = _band(F.pad(m[:, :w, : 2 * w], (w, 0)), w)
     out[:, t - w :] = _band(F.pad(m[:, t - w :, t - 2 * w :], (0, w)), w)
     return out
+
+
+def _add_diagonals(m: Tensor, band: Tensor, w: int) -> None:
+    """``m[:, i, i + j - w] += band[:, i, j]`` in place, where that is inside ``m``."""
+    h, t, _ = m.shape
+    if t <= 2 * w:
+        padded = F.pad(m, (w, w))
+        _band(padded, w).add_(band)
+        m.copy_(padded[:, :, w : w + t])
+        return
+    _inner_diagonals(m, w).add_(band[:, w : t - w])
+    top = F.pad(m[:, :w, : 2 * w], (w, 0))
+    _band(top, w).add_(band[:, :w])
+    m[:, :w, : 2 * w] = top[:, :, w:]
+    bottom = F.pad(m[:, t - w :, t - 2 * w :], (0, w))
+    _band(bottom, w).add_(band[:, t - w :])
+    m[:, t - w :, t - 2 * w :] = bottom[:, :, : 2 * w]
+
+
+def _inner_diagonals(m: Tensor, w: int) -> Tensor:
+    """Rows w..t-w of ``_diagonals(m, w)``, as a view of ``m``."""
+    h, t, _ = m.shape
+    assert m.is_contiguous()
+    return m.as_strided((h, t - 2 * w, 2 * w + 1), (t * t, t + 1, 1),
+                        m.storage_offset() + w * t)
 
 
 def _band(padded: Tensor, w: int) -> Tensor:
