@@ -9,6 +9,7 @@ import ctypes
 import math
 import mmap
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import torch
 from synthetic_voice import VARIANTS, random_model
 
 from daemon.engine import Engine, EngineSettings
-from tts.warm import PAGE, CodeToucher, WeightToucher
+from tts.warm import PAGE, PROBE_IDLE, CodeToucher, Warmer, WeightToucher
 
 
 def test_the_toucher_reads_one_byte_in_every_page_of_every_weight() -> None:
@@ -90,6 +91,20 @@ async def test_the_engine_keeps_loaded_voices_warm_only_when_asked(catalog) -> N
     finally:
         engine.close()
     assert not thread.is_alive()  # close() ends it, and waits for it
+
+
+def test_stopping_during_the_probe_ends_the_thread_at_once() -> None:
+    """``auto`` first leaves memory idle for seconds; a daemon stopped meanwhile must not
+    wait them out (nor leave the thread reading memory while the interpreter exits)."""
+    warmer = Warmer(lambda: [], busy=lambda: False)
+    thread = warmer.start("auto")
+    assert thread is not None
+    time.sleep(0.1)  # inside the first probe's idle second
+    started = time.monotonic()
+    warmer.stop()
+    assert not thread.is_alive()
+    assert time.monotonic() - started < PROBE_IDLE  # did not wait out the idle second
+    assert warmer.sweeps == 0
 
 
 @pytest.mark.parametrize("value", ["sometimes", 1])

@@ -13,9 +13,10 @@ first audio then came in 58-70 ms. What was left is the code a synthesis runs: s
 of libtorch, Python and NumPy pages, cold again after every idle (a short command 78 ms
 after 5 s of idle with the weights warm, 39 ms hot). ``CodeToucher`` learns which code
 pages run (``forget`` drops the page-table entries of the start-up's code, the page map
-then shows what ran since) and the sweeps read those too: 40 ms after 5 s. A sweep costs
-one or two milliseconds of one core, so it is for such hosts only; ``idle_slowdown``
-measures whether this is one.
+then shows what ran since) and the sweeps read those too: 40 ms after 5 s. On this VM,
+where the pages go cold again within the 100 ms between sweeps, a sweep took 7 ms for the
+weights and 3 ms for the code: ~10% of one core while idle. So it is for such hosts only;
+``idle_slowdown`` measures whether this is one.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ log = logging.getLogger(__name__)
 KeepWarm = Literal["auto", "on", "off"]  # "auto": measure idle_slowdown first, warm if it pays
 KEEP_WARM_MODES: tuple[KeepWarm, ...] = get_args(KeepWarm)
 PAGE = 4096  # bytes; the granularity the host maps memory back in
-PROBE_IDLE = 0.5  # seconds ``idle_slowdown`` leaves its block untouched
+PROBE_IDLE = 1.0  # seconds ``idle_slowdown`` leaves its block untouched
+PROBES = 2  # the warmer's verdict is the larger: a start-up's other threads can hide it
 # idle_slowdown() above this: the host lets idle memory go cold, and keeping it warm pays.
 COLD_MEMORY_SLOWDOWN = 2.0
 
@@ -166,10 +168,11 @@ class _Toucher(Protocol):
     def touch(self) -> int: ...
 
 
-def idle_slowdown(megabytes: int = 32, idle: float = PROBE_IDLE) -> float:
+def idle_slowdown(megabytes: int = 32, idle: float = PROBE_IDLE,
+                  wait: Callable[[float], object] = time.sleep) -> float:
     """How much slower memory is to read after ``idle`` seconds untouched than hot (1.0 on
-    bare metal; 2-10 on a host that lets idle guest memory go cold). Takes ``idle`` plus a
-    few milliseconds; allocates ``megabytes``."""
+    bare metal; 3-6 after 1 s on this VM). Takes ``idle`` (``wait``) plus a few
+    milliseconds; allocates ``megabytes``."""
     block = np.ones(megabytes * 1024 * 1024 // 8)
     block.sum()  # mapped and hot
 
@@ -179,7 +182,7 @@ def idle_slowdown(megabytes: int = 32, idle: float = PROBE_IDLE) -> float:
         return time.perf_counter() - start
 
     hot = min(timed() for _ in range(3))
-    time.sleep(idle)
+    wait(idle)
     return timed() / max(hot, 1e-9)
 
 
@@ -205,7 +208,7 @@ class Warmer:
 
     def start(self, mode: KeepWarm) -> threading.Thread | None:
         """``"on"``: sweep from now on; ``"auto"``: first measure whether idle memory goes
-        cold here (``idle_slowdown``, half a second, in the thread) and sweep only then;
+        cold here (``idle_slowdown``, ``PROBES`` seconds, in the thread) and sweep only then;
         ``"off"``: nothing (None)."""
         if mode == "off":
             return None
@@ -215,16 +218,18 @@ class Warmer:
         return self._thread
 
     def stop(self) -> None:
-        """End the sweeps and wait out one in progress (or the probe's half second): a thread
-        left reading tensors while the interpreter exits aborted the process ("terminate
-        called without an active exception", exit status -6 instead of 0)."""
+        """End the sweeps and wait out one in progress (a probe's wait ends at once): a
+        thread left reading tensors while the interpreter exits aborted the process
+        ("terminate called without an active exception", exit status -6 instead of 0)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2 * PROBE_IDLE)
+            self._thread.join(timeout=2.0)
 
     def _run(self, probe: bool) -> None:
         if probe:
-            slowdown = idle_slowdown()
+            slowdown = max(idle_slowdown(wait=self._stop.wait) for _ in range(PROBES))
+            if self._stop.is_set():
+                return
             if slowdown < COLD_MEMORY_SLOWDOWN:
                 log.info("memory stays warm while idle here (first read after %g s idle "
                          "%.1fx a hot one): keep_warm not needed", PROBE_IDLE, slowdown)
