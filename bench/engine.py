@@ -75,6 +75,7 @@ def _herald(threads: int, keep_warm: KeepWarm = "auto") -> Timed:
     warmer = Warmer(lambda: [synth.model], busy=busy.is_set, generation=lambda: runs[0])
     warmer.start(keep_warm)
     atexit.register(warmer.stop)
+    warmer.decided.wait()  # measure herald as it will run: with or without the sweeps
 
     def speaking(text: str) -> tuple[float, float, float]:
         busy.set()
@@ -84,6 +85,7 @@ def _herald(threads: int, keep_warm: KeepWarm = "auto") -> Timed:
             runs[0] += 1
             busy.clear()
 
+    speaking.sweeping = warmer.sweeping  # type: ignore[attr-defined]
     return speaking
 
 
@@ -116,6 +118,7 @@ def _piper(threads: int, model: Path | None = None) -> Timed:
 def _timing(threads: int, repeats: int, keep_warm: KeepWarm = "auto") -> dict[str, Any]:
     """Both engines in one process, alternating run by run, so load drifts hit both alike."""
     engines = {"herald": _herald(threads, keep_warm), "piper": _piper(threads)}
+    sweeping = bool(getattr(engines["herald"], "sweeping", False))
     for once in engines.values():
         once(SHORT)  # warm-up
     raw: dict[str, dict[str, list[tuple[float, float, float]]]] = {
@@ -139,6 +142,7 @@ def _timing(threads: int, repeats: int, keep_warm: KeepWarm = "auto") -> dict[st
                 "rtf": statistics.median(r[1] / r[2] for r in runs),
                 "audio_s": runs[0][2],
             }
+    out["herald"]["keep_warm_sweeping"] = sweeping
     return out
 
 
@@ -207,6 +211,11 @@ def main(repeats: int = 5, threads: list[int] | None = None, as_json: bool = Fal
             print(f"{label:>7} {name:<28} {a:>10.3f} {b:>10.3f} {a / b:>7.3f}")
     print("(summary: worst ratio over thread counts) "
           + ", ".join(f"{k}={v}" for k, v in summary.items()))
+    sweeping = [key.split("_")[1] for key, r in results.items()
+                if r["herald"]["keep_warm_sweeping"]]
+    print(f"herald keep_warm {keep_warm}: "
+          + (f"swept while idle at {' and '.join(sweeping)} thread(s)" if sweeping
+             else "no sweeps (memory stays warm here, or off)"))
     return 0
 
 

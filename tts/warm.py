@@ -203,6 +203,8 @@ class Warmer:
         self.interval = interval
         self.generation = generation
         self.sweeps = 0
+        self.sweeping = False  # decided to sweep (``"on"``, or ``"auto"`` found cold memory)
+        self.decided = threading.Event()  # set once ``sweeping`` is final
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -211,6 +213,7 @@ class Warmer:
         cold here (``idle_slowdown``, ``PROBES`` seconds, in the thread) and sweep only then;
         ``"off"``: nothing (None)."""
         if mode == "off":
+            self.decided.set()
             return None
         self._thread = threading.Thread(target=self._run, args=(mode == "auto",),
                                         name="herald-warm", daemon=True)
@@ -226,18 +229,25 @@ class Warmer:
             self._thread.join(timeout=2.0)
 
     def _run(self, probe: bool) -> None:
-        if probe:
-            slowdown = max(idle_slowdown(wait=self._stop.wait) for _ in range(PROBES))
-            if self._stop.is_set():
-                return
-            if slowdown < COLD_MEMORY_SLOWDOWN:
-                log.info("memory stays warm while idle here (first read after %g s idle "
-                         "%.1fx a hot one): keep_warm not needed", PROBE_IDLE, slowdown)
-                return
-            log.info("idle memory goes cold here (first read after %g s idle %.1fx slower "
-                     "than a hot one; a VM host?): keeping the loaded voices' weights and "
-                     "the code synthesis runs warm (keep_warm; a sweep every %.0f ms)",
-                     PROBE_IDLE, slowdown, self.interval * 1000)
+        try:
+            if probe:
+                slowdown = max(idle_slowdown(wait=self._stop.wait) for _ in range(PROBES))
+                if self._stop.is_set():
+                    return
+                if slowdown < COLD_MEMORY_SLOWDOWN:
+                    log.info("memory stays warm while idle here (first read after %g s idle "
+                             "%.1fx a hot one): keep_warm not needed", PROBE_IDLE, slowdown)
+                    return
+                log.info("idle memory goes cold here (first read after %g s idle %.1fx slower "
+                         "than a hot one; a VM host?): keeping the loaded voices' weights and "
+                         "the code synthesis runs warm (keep_warm; a sweep every %.0f ms)",
+                         PROBE_IDLE, slowdown, self.interval * 1000)
+            self.sweeping = True
+        finally:
+            self.decided.set()
+        self._sweep()
+
+    def _sweep(self) -> None:
         code = self._learn_code()
         touchers: list[_Toucher] = []
         built_at: int | None = None
