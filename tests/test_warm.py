@@ -17,7 +17,7 @@ import torch
 from synthetic_voice import VARIANTS, random_model
 
 from daemon.engine import Engine, EngineSettings
-from tts.warm import PAGE, PROBE_IDLE, CodeToucher, Warmer, WeightToucher
+from tts.warm import PAGE, PROBE_IDLE, CodeToucher, KeepWarm, Warmer, WeightToucher
 
 
 def test_the_toucher_reads_one_byte_in_every_page_of_every_weight() -> None:
@@ -105,6 +105,18 @@ def test_stopping_during_the_probe_ends_the_thread_at_once() -> None:
     assert not thread.is_alive()
     assert time.monotonic() - started < PROBE_IDLE  # did not wait out the idle second
     assert warmer.sweeps == 0
+    assert warmer.decided.is_set() and not warmer.sweeping  # nothing to wait for after stop
+
+
+@pytest.mark.parametrize("mode, sweeping", [("on", True), ("off", False)])
+def test_the_warmers_verdict_is_known_without_a_probe(mode: KeepWarm, sweeping: bool) -> None:
+    warmer = Warmer(lambda: [], busy=lambda: False)
+    try:
+        warmer.start(mode)
+        assert warmer.decided.wait(timeout=5)
+        assert warmer.sweeping is sweeping
+    finally:
+        warmer.stop()
 
 
 @pytest.mark.parametrize("value", ["sometimes", 1])
