@@ -216,7 +216,7 @@ class Engine:
         touch again: the first audio of a short command after a few seconds of idle took
         200-250 ms instead of 47 (``tts.warm``). ``keep_warm = "on"`` reads one value in every
         page of the loaded voices' weights, and of the code syntheses ran, each
-        ``warm_interval`` while no synthesis runs (~10% of one core on the VM that needed it);
+        ``warm_interval`` while no synthesis runs (6-10% of one core on the VM that needed it);
         ``"auto"`` first measures whether idle memory goes cold here (two seconds, in the
         warm thread) and does so only then; ``"off"`` never.
         """

@@ -14,9 +14,9 @@ of libtorch, Python and NumPy pages, cold again after every idle (a short comman
 after 5 s of idle with the weights warm, 39 ms hot). ``CodeToucher`` learns which code
 pages run (``forget`` drops the page-table entries of the start-up's code, the page map
 then shows what ran since) and the sweeps read those too: 40 ms after 5 s. On this VM,
-where the pages go cold again within the 100 ms between sweeps, a sweep took 7 ms for the
-weights and 3 ms for the code: ~10% of one core while idle. So it is for such hosts only;
-``idle_slowdown`` measures whether this is one.
+where the pages go cold again within the 100 ms between sweeps, a sweep took 4-7 ms for
+the weights and 2-3 ms for the code: 6-10% of one core while idle. So it is for such hosts
+only; ``idle_slowdown`` measures whether this is one.
 """
 
 from __future__ import annotations
