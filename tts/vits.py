@@ -216,26 +216,24 @@ def _diagonals(m: Tensor, w: int) -> Tensor:
         return _band(F.pad(m, (w, w)), w)
     out = m.new_empty(h, t, 2 * w + 1)
     out[:, w : t - w] = _inner_diagonals(m, w)
-    out[:, :w] = _band(F.pad(m[:, :w, : 2 * w], (w, 0)), w)
-    out[:, t - w :] = _band(F.pad(m[:, t - w :, t - 2 * w :], (0, w)), w)
+    for rows, cols, pad in _edge_blocks(t, w):
+        out[:, rows] = _band(F.pad(m[:, rows, cols], pad), w)
     return out
 
 
 def _add_diagonals(m: Tensor, band: Tensor, w: int) -> None:
     """``m[:, i, i + j - w] += band[:, i, j]`` in place, where that is inside ``m``."""
-    h, t, _ = m.shape
+    t = m.shape[1]
     if t <= 2 * w:
         padded = F.pad(m, (w, w))
         _band(padded, w).add_(band)
         m.copy_(padded[:, :, w : w + t])
         return
     _inner_diagonals(m, w).add_(band[:, w : t - w])
-    top = F.pad(m[:, :w, : 2 * w], (w, 0))
-    _band(top, w).add_(band[:, :w])
-    m[:, :w, : 2 * w] = top[:, :, w:]
-    bottom = F.pad(m[:, t - w :, t - 2 * w :], (0, w))
-    _band(bottom, w).add_(band[:, t - w :])
-    m[:, t - w :, t - 2 * w :] = bottom[:, :, : 2 * w]
+    for rows, cols, pad in _edge_blocks(t, w):
+        block = F.pad(m[:, rows, cols], pad)
+        _band(block, w).add_(band[:, rows])
+        m[:, rows, cols] = block[:, :, pad[0] : pad[0] + 2 * w]
 
 
 def _inner_diagonals(m: Tensor, w: int) -> Tensor:
@@ -246,11 +244,20 @@ def _inner_diagonals(m: Tensor, w: int) -> Tensor:
                         m.storage_offset() + w * t)
 
 
+def _edge_blocks(t: int, w: int) -> tuple[tuple[slice, slice, tuple[int, int]], ...]:
+    """The w rows at each edge (t > 2w), the 2w columns their diagonals reach inside the
+    matrix, and the zero padding (left, right) that puts those diagonals where ``_band``
+    reads them."""
+    return ((slice(0, w), slice(0, 2 * w), (w, 0)),
+            (slice(t - w, t), slice(t - 2 * w, t), (0, w)))
+
+
 def _band(padded: Tensor, w: int) -> Tensor:
-    """Diagonals -w..w of ``[h, t, t]`` padded to ``[h, t, t + 2w]``, as ``[h, t, 2w + 1]``.
+    """Diagonals -w..w of rows of a matrix padded by w columns on the left (contiguous
+    ``[h, rows, n]``), as a ``[h, rows, 2w + 1]`` view.
 
     Row i of the view holds padded[i, i : i + 2w + 1], i.e. the entries (i, i - w .. i + w)
-    of the unpadded matrix; the ones outside it fall into the padding.
+    of the unpadded rows; the ones outside them fall into the padding.
     """
     h, t, n = padded.shape
     return padded.as_strided((h, t, 2 * w + 1), (t * n, n + 1, 1))
