@@ -86,10 +86,9 @@ class StreamingFlow:
             for f in reversed(flow.flows)
         ]
 
-    def push(self, z_p: Tensor, final: bool = False) -> Tensor:
+    def push(self, x: Tensor, final: bool = False) -> Tensor:
         """Prior frames, channels-last ``[1, c, 1, t]`` -> the latent frames now exact, the
         same layout."""
-        x = z_p
         for step in self.steps:
             x = torch.flip(x, [1]) if step is None else step.push(x, final)
         return x

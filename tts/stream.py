@@ -12,7 +12,6 @@ later windows grow so that the per-window overhead costs little.
 from __future__ import annotations
 
 import ctypes
-import itertools
 import math
 import sys
 import threading
@@ -137,18 +136,17 @@ class Synthesizer:
     def prior_parts(self, ids: list[int], opts: SynthesisOptions,
                     generator: torch.Generator | None = None
                     ) -> tuple[Iterator[torch.Tensor], torch.Tensor | None]:
-        """``Vits.prior_parts`` for these options: the text encoder runs now, the parts when
-        iterated (under ``torch.inference_mode``, as ``decode_windows`` does)."""
+        """``Vits.prior_parts`` for these options; iterate it under ``torch.inference_mode``
+        (as ``decode_windows`` does)."""
         opts = opts.with_defaults(self.voice)
         assert opts.noise_scale is not None and opts.length_scale is not None
         assert opts.noise_w is not None
         with torch.inference_mode():
             g = self.model.speaker_embedding(self.voice.speaker_id(opts.speaker))
-            parts = self.model.prior_parts(torch.tensor([ids], dtype=torch.long), g,
-                                           opts.noise_scale, opts.length_scale, opts.noise_w,
-                                           generator)
-            first = next(parts)  # the encoder and the head's durations, now
-        return itertools.chain([first], parts), g
+        parts = self.model.prior_parts(torch.tensor([ids], dtype=torch.long), g,
+                                       opts.noise_scale, opts.length_scale, opts.noise_w,
+                                       generator)
+        return parts, g
 
     def stream_ids(self, ids: list[int], opts: SynthesisOptions,
                    generator: torch.Generator | None = None) -> Iterator[tuple[np.ndarray, bool]]:
