@@ -99,14 +99,20 @@ def _page_flags(pagemap: BinaryIO, start: int, end: int) -> np.ndarray:
     return np.frombuffer(pagemap.read((end - start) // PAGE * 8), dtype=np.uint64)
 
 
+_pinned: set[str] = set()
+
+
 def _pin(path: str) -> bool:
     """Keep a loaded shared object loaded for good: a later ``dlclose`` (ALSA unloads its
     plugins, for one) then never unmaps pages a sweep reads. False if ``path`` is not a
-    loaded shared object (the executable, a deleted file)."""
-    try:
-        ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NODELETE)
-    except OSError:
-        return False
+    loaded shared object (the executable, a deleted file). Once pinned, always pinned: the
+    warmer asks again at every rebuild, and the answer is remembered."""
+    if path not in _pinned:
+        try:
+            ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NODELETE)
+        except OSError:
+            return False
+        _pinned.add(path)
     return True
 
 
@@ -162,9 +168,6 @@ class CodeToucher:
 
 
 class _Toucher(Protocol):
-    @property
-    def pages(self) -> int: ...
-
     def touch(self) -> int: ...
 
 
