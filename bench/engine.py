@@ -60,7 +60,8 @@ def _timed(chunks: Callable[[str], Iterable[np.ndarray]], rate: int) -> Timed:
     return once
 
 
-def _herald(threads: int, keep_warm: KeepWarm = "auto") -> Timed:
+def _herald(threads: int, keep_warm: KeepWarm = "auto") -> tuple[Timed, bool]:
+    """herald as the daemon runs it, and whether its warmer sweeps while idle."""
     from tts import SynthesisOptions, VoiceCatalog, set_threads
     from tts.warm import Warmer
 
@@ -69,7 +70,7 @@ def _herald(threads: int, keep_warm: KeepWarm = "auto") -> Timed:
     opts = SynthesisOptions()
     once = _timed(lambda text: (c.samples for c in synth.stream(text, opts)), synth.sample_rate)
     if keep_warm == "off":
-        return once
+        return once, False
     busy = threading.Event()  # as the daemon's engine: no sweep while it speaks
     runs = [0]  # as the engine's renders: the warmer relearns weights and code after them
     warmer = Warmer(lambda: [synth.model], busy=busy.is_set, generation=lambda: runs[0])
@@ -85,8 +86,7 @@ def _herald(threads: int, keep_warm: KeepWarm = "auto") -> Timed:
             runs[0] += 1
             busy.clear()
 
-    speaking.sweeping = warmer.sweeping  # type: ignore[attr-defined]
-    return speaking
+    return speaking, warmer.sweeping
 
 
 def _default_voice_model() -> Path:
@@ -117,8 +117,8 @@ def _piper(threads: int, model: Path | None = None) -> Timed:
 
 def _timing(threads: int, repeats: int, keep_warm: KeepWarm = "auto") -> dict[str, Any]:
     """Both engines in one process, alternating run by run, so load drifts hit both alike."""
-    engines = {"herald": _herald(threads, keep_warm), "piper": _piper(threads)}
-    sweeping = bool(getattr(engines["herald"], "sweeping", False))
+    herald, sweeping = _herald(threads, keep_warm)
+    engines = {"herald": herald, "piper": _piper(threads)}
     for once in engines.values():
         once(SHORT)  # warm-up
     raw: dict[str, dict[str, list[tuple[float, float, float]]]] = {
@@ -150,7 +150,7 @@ def _peak_rss(engine: str, threads: int, model: Path | None = None) -> None:
     """Load one engine alone and speak the long sentence once: its own peak RSS. piper-tts
     gets its voice file from the caller: found through ``tts``, it would carry torch's
     ~220 MB in its figure."""
-    (_herald(threads, "off") if engine == "herald" else _piper(threads, model))(LONG)
+    (_herald(threads, "off")[0] if engine == "herald" else _piper(threads, model))(LONG)
     print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
