@@ -12,6 +12,9 @@ so read the ratios herald / piper-tts, not the absolute times.
 herald runs as the daemon runs it: ``--keep-warm`` is the daemon's ``voices.keep_warm``
 (default ``auto``: where idle memory goes cold, as on some VM hosts, herald keeps its voice's
 weights warm between requests; piper-tts has no such thing and does not get it).
+
+What that costs while nobody speaks: ``python -m bench.engine --idle-cpu 20`` holds the voice,
+speaks once, then reports the process's CPU over 20 s of idle with the sweeps and without.
 """
 
 from __future__ import annotations
@@ -154,6 +157,26 @@ def _peak_rss(engine: str, threads: int, model: Path | None = None) -> None:
     print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
+def _idle_cpu(seconds: float) -> None:
+    """Percent of one core a process holding the voice uses over ``seconds`` of idle after
+    one sentence, with ``keep_warm`` on and off (each in a fresh process)."""
+    for mode in ("on", "off"):
+        out = _spawn("--idle-cpu-of", mode, "--seconds", str(seconds))
+        print(f"keep_warm {mode}: {out['cpu_percent']:.1f}% of one core over {seconds:g} s "
+              "of idle")
+
+
+def _idle_cpu_of(mode: KeepWarm, seconds: float) -> None:
+    speak, _ = _herald(1, mode)
+    speak(SHORT)
+    time.sleep(3)  # the sweeps learn what the sentence ran
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    time.sleep(seconds)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    print(json.dumps({"cpu_percent": 100 * cpu / seconds}))
+
+
 def _spawn(*args: str) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-m", "bench.engine", *args],
                          capture_output=True, text=True, check=True)
@@ -228,8 +251,16 @@ if __name__ == "__main__":
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--keep-warm", default="auto", help="auto, on or off (checked by main)")
+    ap.add_argument("--idle-cpu", type=float, metavar="SECONDS",
+                    help="instead: herald's CPU while idle, keep_warm on against off")
+    ap.add_argument("--idle-cpu-of", help=argparse.SUPPRESS)
+    ap.add_argument("--seconds", type=float, default=20.0, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.timing:
+    if a.idle_cpu:
+        _idle_cpu(a.idle_cpu)
+    elif a.idle_cpu_of:
+        _idle_cpu_of(a.idle_cpu_of, a.seconds)
+    elif a.timing:
         print(json.dumps(_timing(a.threads[0], a.repeats, a.keep_warm)))
     elif a.rss:
         _peak_rss(a.rss, a.threads[0], a.model)

@@ -94,10 +94,11 @@ def test_a_paced_stream_pushes_the_flow_fewer_times(synth) -> None:  # type: ign
 
 @pytest.mark.parametrize("variant", ["medium", "multi_speaker", "plain_dp"])
 def test_the_prior_in_parts_keeps_the_whole_sentences_durations(variant: str) -> None:
-    """The head's durations come from the predictor over the head's ids and its radius only,
-    the rest's from the rest and the radius before it: both must be the durations the
-    predictor gives over the whole sentence. Without sampling noise the latent is the
-    expanded means, so equal latents mean equal durations."""
+    """Split at the head, the parts join into the latent of the unsplit prior: same frames,
+    same expanded means (no sampling noise), nothing dropped or repeated at the cut. That
+    each part's log-durations are the whole sentence's is
+    ``test_log_durations_of_a_part_are_the_whole_sentences``; rounded up to whole frames,
+    durations hide differences that small."""
     model = random_model(VARIANTS[variant])
     ids = torch.randint(1, model.config.n_vocab, (1, 260),
                         generator=torch.Generator().manual_seed(4))
