@@ -2,21 +2,11 @@
 
 Text is planned on the loop by the composer's planner (sentences, markup, languages, pauses:
 cheap, and one place for all of it, whole texts and streamed ones alike); the planned steps
-are rendered into audio in worker threads (torch releases the GIL); the event loop only
-receives finished chunks through a bounded queue. Cancelling the consumer (a stopped
-utterance, a vanished client) stops the worker at the next chunk boundary.
-
-A stream whose consumer is slow (a speaker playing in real time) parks its thread on the
-full queue. So stream threads are plentiful, and what is limited is the CPU work: every
-chunk is computed on one of ``workers`` CPU threads, and the stream's thread only waits for
-it and hands it over. Concurrent streams therefore take turns chunk by chunk, and a parked
-stream never starves the others.
-
-Torch runs on those CPU threads only, never on the loop's or a stream's. Each thread that
-runs torch at two or more intra-op threads keeps its own OpenMP team, and once the process
-has more OpenMP threads than cores, libgomp stops letting idle team threads spin between
-operations: at ``voices.threads = 2`` on two cores, a second team made every operation
-1.5-2x slower (bench/README.md).
+are rendered into audio on ``workers`` CPU threads (``daemon.workers``), the only threads
+that run torch, and each chunk goes to the loop the moment it exists. Concurrent renders
+take turns chunk by chunk; a render whose consumer is slow (a speaker playing in real time)
+is parked, holding no thread, once ``queue_chunks`` chunks wait for it. Cancelling the
+consumer (a stopped utterance, a vanished client) stops the work after the chunk being made.
 """
 
 from __future__ import annotations
@@ -24,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import threading
 from collections.abc import AsyncGenerator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tts import AudioChunk, AudioFormat, SynthesisOptions, UnknownVoice, VoiceCatalog, set_threads
@@ -35,9 +25,10 @@ from tts.compose import Composer, Planner, Step
 from tts.text import TextFormat
 from tts.warm import KeepWarm, Warmer
 
+from .workers import Render, Workers
+
 log = logging.getLogger(__name__)
 
-_DONE = object()
 _LANGUAGE = re.compile(r"^[a-z]{2,3}([_-][A-Za-z]{2})?$")  # en, de_DE, pt-br: not a voice name
 _MAX_VOICE_NAME = 200  # characters; a longer "name" is junk, not echoed back in full
 
@@ -47,7 +38,6 @@ class EngineSettings:
     threads: int = 1  # torch intra-op threads
     workers: int = 2  # chunks computed at the same time
     queue_chunks: int = 8  # chunks buffered ahead of a slow consumer
-    max_streams: int = 32  # open streams (threads, mostly parked on a full queue)
     keep_warm: KeepWarm = "auto"  # see Engine.keep_warm
     warm_interval: float = 0.1  # seconds between two reads of the idle voices' memory
 
@@ -60,10 +50,7 @@ class Engine:
         # speaks through the composer, so they all understand the same text.
         self.composer = Composer(catalog)
         set_threads(settings.threads)
-        self._pool = ThreadPoolExecutor(max_workers=max(settings.max_streams, settings.workers),
-                                        thread_name_prefix="herald-stream")
-        self._cpu = ThreadPoolExecutor(max_workers=settings.workers,
-                                       thread_name_prefix="herald-synth")
+        self._workers = Workers(_fitting_workers(settings.threads, settings.workers))
         self._active = 0  # renders in progress (changed on the loop, read by the warmer)
         self._renders = 0  # renders started, ever
         self._warmer = Warmer(lambda: [s.model for s in catalog.loaded()],
@@ -112,8 +99,7 @@ class Engine:
 
     async def preload(self, voice: str | None = None) -> None:
         """Load a voice's weights off the loop (start-up, before READY)."""
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._cpu, self.catalog.synthesizer, voice)
+        await asyncio.wrap_future(self._workers.call(self.catalog.synthesizer, voice))
 
     def planner(self, voice: str | None, options: SynthesisOptions,
                 text_format: TextFormat = "text") -> Planner:
@@ -152,62 +138,18 @@ class Engine:
 
     async def _render(self, steps: list[Step], voice: str | None,
                       options: SynthesisOptions) -> AsyncGenerator[AudioChunk, None]:
-        """The steps' chunks, computed in a worker thread and handed over through a bounded
-        queue; closing this generator stops the worker at the next chunk."""
-        composition = self.composer.render(steps, options, voice)
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[object] = asyncio.Queue(self.settings.queue_chunks)
-        cancelled = threading.Event()
-
-        def put(item: object) -> None:
-            coro = queue.put(item)
-            try:
-                fut = asyncio.run_coroutine_threadsafe(coro, loop)
-            except RuntimeError:  # the loop is gone (shutdown): nobody is listening
-                coro.close()
-                return
-            while not cancelled.is_set():
-                try:
-                    fut.result(timeout=0.5)
-                    return
-                except TimeoutError:
-                    continue
-            fut.cancel()
-            coro.close()  # never started: say so, rather than warn "never awaited"
-
-        def work() -> None:
-            try:
-                while not cancelled.is_set():
-                    # On a CPU thread (a voice loads lazily here too); generators may be
-                    # resumed from any thread, one step at a time.
-                    chunk = self._cpu.submit(next, composition, None).result()
-                    if chunk is None:
-                        put(_DONE)
-                        return
-                    put(chunk)
-            except BaseException as e:  # handed to the consumer, which reports it
-                if not cancelled.is_set():
-                    put(e)
-
-        future = loop.run_in_executor(self._pool, work)
+        """The steps' chunks, computed on the workers (``daemon.workers``); closing this
+        generator stops the computation after the chunk being made."""
+        render = Render(self.composer.render(steps, options, voice), self._workers,
+                        self.settings.queue_chunks)
         self._active += 1
         self._renders += 1
         try:
-            while True:
-                item = await queue.get()
-                if item is _DONE:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                assert isinstance(item, AudioChunk)
-                yield item
+            while (chunk := await render.get()) is not None:
+                yield chunk
         finally:
             self._active -= 1
-            cancelled.set()
-            while not queue.empty():  # unblock a worker waiting on a full queue
-                queue.get_nowait()
-            if future.done() and not future.cancelled():
-                future.exception()
+            render.close()
 
     def keep_warm(self) -> threading.Thread | None:
         """Keep the loaded voices' memory warm while nobody speaks, if this host needs it.
@@ -223,6 +165,23 @@ class Engine:
         return self._warmer.start(self.settings.keep_warm)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._cpu.shutdown(wait=False, cancel_futures=True)
+        self._workers.close()
         self._warmer.stop()
+
+
+def _fitting_workers(threads: int, workers: int) -> int:
+    """As many workers as asked, unless their torch threads would outnumber the cores.
+
+    Each worker running torch at two or more threads keeps its own OpenMP team, and with
+    more OpenMP threads than cores libgomp stops letting idle team threads spin: every
+    operation of every synthesis got 1.5-2x slower (bench/README.md). Fewer workers only
+    means concurrent requests take turns on them, chunk by chunk.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    fit = max(1, (cores or 1) // threads)
+    if threads > 1 and workers > fit:
+        log.warning("voices.workers = %d at voices.threads = %d would run %d torch threads on "
+                    "%d cores; using %d worker(s). Lower voices.threads to run more "
+                    "syntheses side by side.", workers, threads, workers * threads, cores, fit)
+        return fit
+    return workers

@@ -1,0 +1,229 @@
+"""daemon.workers: renders take turns on the worker threads, park without holding one, stop
+when closed and stay on one thread when alone. Plain generators stand in for syntheses here
+(the machinery is generic); the fronts' tests run it with the real engine."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from daemon.workers import Render, Workers
+
+
+def chunks(n: int, log: list[tuple[str, int, str]] | None = None, tag: str = "",
+           finished: threading.Event | None = None) -> Iterator[int]:
+    """n chunks, noting which thread made each and whether the generator was closed."""
+    try:
+        for i in range(n):
+            if log is not None:
+                log.append((tag, i, threading.current_thread().name))
+            yield i
+    finally:
+        if finished is not None:
+            finished.set()
+
+
+async def take_all(render: Render[int]) -> list[int]:
+    out = []
+    try:
+        while (item := await render.get()) is not None:
+            out.append(item)
+    finally:
+        render.close()
+    return out
+
+
+@pytest.fixture
+def workers() -> Iterator[Callable[[int], Workers]]:
+    made: list[Workers] = []
+
+    def make(n: int) -> Workers:
+        made.append(Workers(n, name="test"))
+        return made[-1]
+
+    yield make
+    for w in made:
+        w.close(join=2.0)
+
+
+async def test_a_render_yields_every_chunk_in_order_then_ends(workers) -> None:
+    assert await take_all(Render(chunks(50), workers(2), limit=4)) == list(range(50))
+
+
+async def test_renders_one_after_another_stay_on_one_thread(workers) -> None:
+    """So that at two intra-op threads only one OpenMP team ever exists for them."""
+    pool = workers(2)
+    log: list[tuple[str, int, str]] = []
+    for k in range(20):
+        await take_all(Render(chunks(3, log, str(k)), pool, limit=2))
+    assert len({name for _, _, name in log}) == 1, log
+
+
+def test_when_free_runs_once_the_worker_is_idle_so_it_takes_what_follows(workers) -> None:
+    """A render hands over its last item this way: the consumer starts the next render the
+    moment it has it, and the worker that ran the last one must be idle by then."""
+    pool = workers(2)
+    ran: list[str] = []
+    done = threading.Event()
+
+    def second() -> bool:
+        ran.append(threading.current_thread().name)
+        done.set()
+        return False
+
+    def first(hand_over: Callable[[Callable[[], object]], None]) -> Callable[[], bool]:
+        def step() -> bool:
+            ran.append(threading.current_thread().name)
+            hand_over(lambda: pool.dispatch(second))
+            return False
+        return step
+
+    pool.dispatch(first(Workers.when_free))
+    assert done.wait(5)
+    assert ran[0] == ran[1], ran
+    # Dispatched straight from the step instead, the other (idle) worker takes it.
+    ran.clear()
+    done.clear()
+    pool.dispatch(first(lambda fn: fn()))
+    assert done.wait(5)
+    assert ran[0] != ran[1], ran
+
+
+async def test_concurrent_renders_take_turns_chunk_by_chunk(workers) -> None:
+    pool = workers(1)
+    gate = threading.Event()
+    busy = pool.call(gate.wait, 5)  # the worker is taken: both renders queue behind it
+    log: list[tuple[str, int, str]] = []
+    a = Render(chunks(20, log, "a"), pool, limit=100)
+    b = Render(chunks(20, log, "b"), pool, limit=100)
+    gate.set()
+    assert await asyncio.wrap_future(busy)
+    assert await asyncio.gather(take_all(a), take_all(b)) == [list(range(20))] * 2
+    assert "".join(tag for tag, _, _ in log) == "ab" * 20
+
+
+async def test_a_parked_render_holds_no_thread(workers) -> None:
+    """One worker: a render nobody reads stops after `limit` chunks, and another one runs."""
+    pool = workers(1)
+    log: list[tuple[str, int, str]] = []
+    stalled = Render(chunks(1000, log, "stalled"), pool, limit=3)
+    assert await asyncio.wait_for(take_all(Render(chunks(30), pool, limit=3)), 10) \
+        == list(range(30))
+    assert sum(tag == "stalled" for tag, _, _ in log) == 3
+    # Taking one chunk lets it make one more.
+    assert await stalled.get() == 0
+    await asyncio.sleep(0.2)
+    assert sum(tag == "stalled" for tag, _, _ in log) == 4
+    stalled.close()
+
+
+async def test_closing_stops_the_work_and_closes_the_generator_on_a_worker(workers) -> None:
+    pool = workers(1)
+    finished = threading.Event()
+    log: list[tuple[str, int, str]] = []
+    parked = Render(chunks(1000, log, "p", finished), pool, limit=2)
+    assert await parked.get() == 0
+    await asyncio.sleep(0.1)
+    parked.close()
+    assert await asyncio.to_thread(finished.wait, 5)
+    assert len(log) <= 3  # the chunks it had made, not the thousand
+
+    # Closed while it runs: the step under way is the last.
+    gate = threading.Event()
+    steps: list[str] = []
+
+    def slow() -> Iterator[int]:
+        try:
+            for i in range(1000):
+                steps.append(threading.current_thread().name)
+                gate.wait(5)
+                yield i
+        finally:
+            steps.append("closed on " + threading.current_thread().name)
+
+    running = Render(slow(), pool, limit=1000)
+    while not steps:
+        await asyncio.sleep(0.01)
+    running.close()
+    gate.set()
+    for _ in range(200):
+        if steps[-1].startswith("closed"):
+            break
+        await asyncio.sleep(0.01)
+    assert steps[-1] == "closed on test-0", steps
+    assert len(steps) == 2, steps  # one chunk, then the close: nothing computed after it
+
+
+async def test_an_error_in_the_computation_reaches_the_consumer_after_the_chunks_before(
+        workers) -> None:
+    def failing() -> Iterator[int]:
+        yield 1
+        yield 2
+        raise ValueError("no such speaker")
+
+    render = Render(failing(), workers(1), limit=8)
+    assert await render.get() == 1
+    assert await render.get() == 2
+    with pytest.raises(ValueError, match="no such speaker"):
+        await render.get()
+    render.close()
+
+
+async def test_the_workers_go_on_after_a_failed_render(workers) -> None:
+    pool = workers(1)
+
+    def failing() -> Iterator[int]:
+        raise RuntimeError("boom")
+        yield 0  # pragma: no cover
+
+    with pytest.raises(RuntimeError, match="boom"):
+        await take_all(Render(failing(), pool, limit=2))
+    assert await take_all(Render(chunks(3), pool, limit=2)) == [0, 1, 2]
+
+
+async def test_call_runs_on_a_worker_and_returns_or_raises(workers) -> None:
+    pool = workers(1)
+    name = await asyncio.wrap_future(pool.call(lambda: threading.current_thread().name))
+    assert name == "test-0"
+    with pytest.raises(ZeroDivisionError):
+        await asyncio.wrap_future(pool.call(lambda: 1 / 0))
+
+
+async def test_after_close_a_render_fails_instead_of_waiting_forever(workers) -> None:
+    pool = workers(1)
+    pool.close(join=2.0)
+    with pytest.raises(RuntimeError, match="shut down"):
+        await asyncio.wait_for(Render(chunks(3), pool, limit=2).get(), 5)
+    with pytest.raises(RuntimeError, match="shut down"):
+        pool.call(time.time)
+
+
+def test_close_ends_the_threads(workers) -> None:
+    pool = workers(3)
+    threads = [w.thread for w in pool._workers]
+    assert all(t.is_alive() for t in threads)
+    pool.close(join=2.0)
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_the_engine_runs_no_more_torch_threads_than_cores(caplog) -> None:
+    """Two OpenMP teams on two cores made every operation 1.5-2x slower: workers are cut
+    to fit, and the log says so; at one thread each, workers are left as asked."""
+    from daemon.engine import _fitting_workers
+
+    cores = len(os.sched_getaffinity(0))
+    with caplog.at_level(logging.WARNING, logger="daemon.engine"):
+        assert _fitting_workers(1, 4) == 4
+        assert _fitting_workers(cores, 1) == 1
+        assert not caplog.records
+        assert _fitting_workers(cores, 2) == 1
+    assert f"voices.workers = 2 at voices.threads = {cores}" in caplog.text
+    assert "using 1 worker(s)" in caplog.text
+    if cores >= 4:
+        assert _fitting_workers(2, 8) == cores // 2
