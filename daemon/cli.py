@@ -14,7 +14,15 @@ from typing import Annotated, Any, cast
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from tts import SynthesisOptions, VoiceCatalog, VoiceError, set_threads, to_pcm16, wav_bytes
+from tts import (
+    SynthesisOptions,
+    VoiceCatalog,
+    VoiceError,
+    default_threads,
+    set_threads,
+    to_pcm16,
+    wav_bytes,
+)
 from tts.audio import AudioFormat
 from tts.compose import ComposedChunk, Composer
 from tts.text import MarkupError
@@ -133,7 +141,8 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--device-id", help="daemon's device id for --mqtt (default: hostname)")
     voice_dir(say)
     say.add_argument("--threads", type=threads, metavar="N",
-                     help="torch threads, 1-64 (default 1)")
+                     help="torch threads, 1-64 (default: 2 where there are two cores or "
+                     "more, else 1)")
 
     voices = sub.add_parser("voices", help="list installed voices", parents=[verbose])
     voices.add_argument("--json", action="store_true", help="machine-readable output")
@@ -235,7 +244,7 @@ def _cmd_say(args: argparse.Namespace) -> int:
                                     ("noise_w", args.noise_w)) if v is not None}
         return publish_say(args.mqtt, args.device_id, text, args.voice,
                            text_format="ssml" if args.ssml else "text", fields=fields)
-    set_threads(args.threads or 1)
+    set_threads(args.threads or default_threads())
     # The composer, as the daemon speaks: sentences, bracket tags or SSML, other languages
     # by their own voice or espeak-ng. It checks the voice and the SSML before any synthesis.
     composer = Composer(_catalog(args))

@@ -14,14 +14,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import re
 import threading
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from tts import AudioChunk, AudioFormat, SynthesisOptions, UnknownVoice, VoiceCatalog, set_threads
+from tts import (
+    AudioChunk,
+    AudioFormat,
+    SynthesisOptions,
+    UnknownVoice,
+    VoiceCatalog,
+    default_threads,
+    set_threads,
+)
 from tts.compose import Composer, Planner, Step
+from tts.stream import cores
 from tts.text import TextFormat
 from tts.warm import KeepWarm, Warmer
 
@@ -35,8 +43,8 @@ _MAX_VOICE_NAME = 200  # characters; a longer "name" is junk, not echoed back in
 
 @dataclass(frozen=True)
 class EngineSettings:
-    threads: int = 1  # torch intra-op threads
-    workers: int = 2  # chunks computed at the same time
+    threads: int | None = None  # torch intra-op threads; None: tts.default_threads()
+    workers: int | None = None  # renders computed at the same time; None: as the cores allow
     queue_chunks: int = 8  # chunks buffered ahead of a slow consumer
     keep_warm: KeepWarm = "auto"  # see Engine.keep_warm
     warm_interval: float = 0.1  # seconds between two reads of the idle voices' memory
@@ -49,8 +57,11 @@ class Engine:
         # Markup, sentence splitting, language runs and the espeak-ng fallback: every front
         # speaks through the composer, so they all understand the same text.
         self.composer = Composer(catalog)
-        set_threads(settings.threads)
-        self._workers = Workers(_fitting_workers(settings.threads, settings.workers))
+        self.threads, self.workers = cpu_plan(settings.threads, settings.workers)
+        log.info("synthesis: %d worker(s) at %d torch thread(s) each, on %d core(s)",
+                 self.workers, self.threads, cores())
+        set_threads(self.threads)
+        self._workers = Workers(self.workers)
         self._active = 0  # renders in progress (changed on the loop, read by the warmer)
         self._renders = 0  # renders started, ever
         self._warmer = Warmer(lambda: [s.model for s in catalog.loaded()],
@@ -169,19 +180,26 @@ class Engine:
         self._warmer.stop()
 
 
-def _fitting_workers(threads: int, workers: int) -> int:
-    """As many workers as asked, unless their torch threads would outnumber the cores.
+def cpu_plan(threads: int | None, workers: int | None) -> tuple[int, int]:
+    """Torch threads per synthesis and workers: as configured, or what suits the cores.
 
-    Each worker running torch at two or more threads keeps its own OpenMP team, and with
-    more OpenMP threads than cores libgomp stops letting idle team threads spin: every
-    operation of every synthesis got 1.5-2x slower (bench/README.md). Fewer workers only
-    means concurrent requests take turns on them, chunk by chunk.
+    Unset, a synthesis takes ``tts.default_threads()`` (2 where there are two cores or more:
+    a lone request, the usual case at home, is ~1.5x faster than at 1) and there are as
+    many workers as the cores hold at that. Set, the workers are cut if their torch threads
+    would outnumber the cores: each worker running torch at two or more threads keeps its
+    own OpenMP team, and with more OpenMP threads than cores libgomp stops letting idle
+    team threads spin, so every operation of every synthesis got 1.5-2x slower
+    (bench/README.md). Fewer workers only means concurrent requests take turns on them,
+    chunk by chunk.
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    fit = max(1, (cores or 1) // threads)
+    n = cores()
+    threads = threads or default_threads()
+    fit = max(1, n // threads)
+    if workers is None:
+        return threads, fit
     if threads > 1 and workers > fit:
         log.warning("voices.workers = %d at voices.threads = %d would run %d torch threads on "
                     "%d cores; using %d worker(s). Lower voices.threads to run more "
-                    "syntheses side by side.", workers, threads, workers * threads, cores, fit)
-        return fit
-    return workers
+                    "syntheses side by side.", workers, threads, workers * threads, n, fit)
+        return threads, fit
+    return threads, workers

@@ -71,8 +71,10 @@ class _Section(BaseModel):
 class VoicesSettings(_Section):
     directories: list[Path] = []  # extra directories holding NAME.onnx + NAME.onnx.json
     default: str | None = None  # None: the bundled en_US-joe-medium
-    threads: int = Field(1, ge=1, le=64)  # torch intra-op threads per synthesis
-    workers: int = Field(2, ge=1, le=32)  # syntheses running at the same time
+    # Unset: 2 threads where there are two cores or more, and as many workers as the cores
+    # hold at that (daemon.engine.cpu_plan).
+    threads: int | None = Field(None, ge=1, le=64)  # torch intra-op threads per synthesis
+    workers: int | None = Field(None, ge=1, le=32)  # syntheses computed at the same time
     # Keep the loaded voices' memory warm while idle, for VM hosts that let it go cold
     # (daemon.engine.Engine.keep_warm): "auto" measures at start-up, "on", "off".
     keep_warm: KeepWarm = "auto"

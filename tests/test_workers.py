@@ -213,17 +213,19 @@ def test_close_ends_the_threads(workers) -> None:
 
 
 def test_the_engine_runs_no_more_torch_threads_than_cores(caplog) -> None:
-    """Two OpenMP teams on two cores made every operation 1.5-2x slower: workers are cut
-    to fit, and the log says so; at one thread each, workers are left as asked."""
-    from daemon.engine import _fitting_workers
+    """Two OpenMP teams on two cores made every operation 1.5-2x slower: workers set too
+    many for their threads are cut to fit, and the log says so; unset, both follow the
+    cores; at one thread each, workers are left as asked."""
+    from daemon.engine import cpu_plan
 
-    cores = len(os.sched_getaffinity(0))
+    n = len(os.sched_getaffinity(0))
+    two = min(2, n)
     with caplog.at_level(logging.WARNING, logger="daemon.engine"):
-        assert _fitting_workers(1, 4) == 4
-        assert _fitting_workers(cores, 1) == 1
+        assert cpu_plan(1, 4) == (1, 4)
+        assert cpu_plan(n, 1) == (n, 1)
+        assert cpu_plan(None, None) == (two, max(1, n // two))
+        assert cpu_plan(1, None) == (1, n)
         assert not caplog.records
-        assert _fitting_workers(cores, 2) == 1
-    assert f"voices.workers = 2 at voices.threads = {cores}" in caplog.text
+        assert cpu_plan(n, 2) == (n, 1)
+    assert f"voices.workers = 2 at voices.threads = {n}" in caplog.text
     assert "using 1 worker(s)" in caplog.text
-    if cores >= 4:
-        assert _fitting_workers(2, 8) == cores // 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import sys
 import threading
 import time
@@ -31,6 +32,23 @@ from .voice import Voice
 _threads_lock = threading.Lock()
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 MMAP_THRESHOLD = 1 << 20  # bytes; see set_threads
+
+
+def cores() -> int:
+    """CPU cores this process may run on (its affinity, e.g. a systemd ``CPUAffinity``)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """Intra-op threads when none are configured: two where there are two cores or more.
+
+    A lone synthesis at 2 threads runs ~1.5x faster than at 1 (first audio and real-time
+    factor alike); beyond 2 it gains little, and the cores left over serve concurrent
+    requests better as more workers.
+    """
+    return min(2, cores())
 
 
 def set_threads(n: int) -> None:
