@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
+
 import pytest
 from piper import PiperVoice
 from sentences import LONG_SENTENCE, SENTENCES
@@ -38,3 +41,26 @@ def test_sentences_are_split() -> None:
 def test_unknown_espeak_voice() -> None:
     with pytest.raises(PhonemizeError, match="no voice"):
         phonemize("hello", "xx-nonexistent")
+
+
+def test_phonemizing_keeps_nothing() -> None:
+    """A daemon phonemizes every sentence it ever speaks: nothing of it may stay behind.
+    (Piper's own bridge kept every clause, ~500 bytes a call for this text.)"""
+    text = "Turn on the kitchen lights. The door is open, again!"
+    for _ in range(20):
+        phonemize(text, "en-us")
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(500):
+            phonemize(text, "en-us")
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 16_000, f"{kept} bytes kept after 500 calls"
+
+
+def test_a_nul_does_not_end_the_text() -> None:
+    assert len(phonemize("One.\0Two? Three!", "en-us")) == 3

@@ -5,11 +5,18 @@ also reports the punctuation that ended each clause). The engine and data that s
 ``piper-tts`` package are that build, so herald phonemizes with them: only its espeak-ng
 bridge is loaded (by file, so Piper's ONNX runtime is never imported), never its model code.
 
+The bridge's own ``get_phonemes`` leaks every clause it returns (piper-tts 1.8: it appends a
+new tuple to its result list without releasing its own reference; ~500 bytes a sentence,
+for the life of a daemon). The bridge links espeak-ng in and exports its C API, so herald
+calls ``espeak_TextToPhonemesWithTerminator`` there itself, through ctypes: the same
+function of the same build, hence the same phonemes, and nothing kept.
+
 Piper's id layout: BOS, PAD, then each phoneme followed by PAD, then EOS.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib.machinery
 import importlib.util
 import re
@@ -23,6 +30,21 @@ from types import ModuleType
 PAD, BOS, EOS = "_", "^", "$"
 _LANG_SWITCH = re.compile(r"\([^)]+\)")
 _lock = threading.Lock()  # espeak-ng keeps global state: one caller at a time
+
+
+# espeak-ng's speak_lib.h: text encoding and phoneme output modes, and the clause flags the
+# terminator reports (intonation | type | pause); Piper keys its punctuation "phonemes" on them.
+_CHARS_AUTO = 0
+_PHONEMES_IPA = 0x02
+_TYPE_SENTENCE = 0x00080000
+_TERMINATORS = {
+    40 | 0x00000000 | _TYPE_SENTENCE: ".",
+    40 | 0x00002000 | _TYPE_SENTENCE: "?",
+    45 | 0x00003000 | _TYPE_SENTENCE: "!",
+    20 | 0x00001000 | 0x00040000: ",",
+    30 | 0x00000000 | 0x00040000: ":",
+    30 | 0x00001000 | 0x00040000: ";",
+}
 
 
 class PhonemizeError(Exception):
@@ -50,16 +72,44 @@ def _bridge() -> ModuleType:
     return module
 
 
+@cache
+def _espeak() -> ctypes.CDLL:
+    """espeak-ng's C API, as the bridge (loaded and initialized) exports it."""
+    bridge = _bridge()
+    lib = ctypes.CDLL(str(bridge.__file__))  # the same loaded library: same state
+    lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+    lib.espeak_SetVoiceByName.restype = ctypes.c_int
+    convert = lib.espeak_TextToPhonemesWithTerminator
+    convert.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int,
+                        ctypes.POINTER(ctypes.c_int)]
+    convert.restype = ctypes.c_char_p
+    return lib
+
+
+def _clauses(lib: ctypes.CDLL, text: str) -> list[tuple[str, str, bool]]:
+    """(phonemes, punctuation that ended it, ends a sentence) for each clause of ``text``."""
+    # a NUL would end the C string early: the rest of the text would go unspoken
+    buffer = ctypes.create_string_buffer(text.replace("\0", " ").encode("utf-8"))
+    rest = ctypes.c_void_p(ctypes.addressof(buffer))  # espeak-ng moves it on, NULL at the end
+    terminator = ctypes.c_int(0)
+    clauses = []
+    while rest.value is not None:
+        phonemes = lib.espeak_TextToPhonemesWithTerminator(
+            ctypes.byref(rest), _CHARS_AUTO, _PHONEMES_IPA, ctypes.byref(terminator))
+        flags = terminator.value & 0x000FFFFF
+        clauses.append(((phonemes or b"").decode("utf-8", "replace"),
+                        _TERMINATORS.get(flags, ""), bool(flags & _TYPE_SENTENCE)))
+    return clauses
+
+
 def phonemize(text: str, espeak_voice: str,
               vowel_clusters: Iterable[tuple[str, ...]] = ()) -> list[list[str]]:
     """Phonemes grouped by sentence, as espeak-ng splits them."""
-    bridge = _bridge()
+    lib = _espeak()
     with _lock:
-        try:
-            bridge.set_voice(espeak_voice)
-        except Exception as e:  # the bridge raises RuntimeError with espeak's message
-            raise PhonemizeError(f"espeak-ng has no voice {espeak_voice!r}: {e}") from e
-        clauses = bridge.get_phonemes(text)
+        if lib.espeak_SetVoiceByName(espeak_voice.encode("utf-8")) != 0:
+            raise PhonemizeError(f"espeak-ng has no voice {espeak_voice!r}")
+        clauses = _clauses(lib, text)
     clusters = set(vowel_clusters)
     sentences: list[list[str]] = []
     current: list[str] = []
