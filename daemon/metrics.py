@@ -11,7 +11,15 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+)
 
 log = logging.getLogger("herald.latency")
 
@@ -67,6 +75,11 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # What a daemon meant to run for months is watched by: its resident memory, open
+        # file descriptors, CPU time and start time (process_*), Python's garbage collector
+        # and version; prometheus_client's default registry has them, ours gets them too.
+        for standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            r.register(standard)
         self.first_audio = Histogram("herald_first_audio_seconds",
                                      "Request received to first audio at the sink",
                                      ["front", "sink"], buckets=LATENCY_BUCKETS, registry=r)

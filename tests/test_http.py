@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import os
 import time
 import wave
 import zipfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -334,6 +336,21 @@ async def test_metrics_count_requests(start) -> None:  # type: ignore[no-untyped
     assert after[bad] == before.get(bad, 0) + 1
     assert after[first] == before.get(first, 0) + 1
     assert after[audio] - before.get(audio, 0) == pytest.approx(len(samples) / rate, abs=1e-3)
+
+
+async def test_metrics_report_the_process(start) -> None:  # type: ignore[no-untyped-def]
+    """The standard process metrics, of the process serving (here, the test's own)."""
+    srv = await start()
+    async with srv.session.get(f"{srv.url}/metrics") as r:
+        got = {name: v for (name, labels), v in samples_of(await r.text()).items()}
+    rss_kb = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text()
+                  .splitlines() if line.startswith("VmRSS:"))
+    # torch and a voice are loaded: hundreds of MB, as /proc says within the scrape's moment
+    assert got["process_resident_memory_bytes"] == pytest.approx(rss_kb * 1024, rel=0.1)
+    assert got["process_resident_memory_bytes"] > 100e6
+    assert 0 < got["process_open_fds"] <= len(os.listdir("/proc/self/fd")) + 5
+    assert got["process_start_time_seconds"] <= time.time()
+    assert "python_gc_objects_collected_total" in got and "python_info" in got
 
 
 # --------------------------------------------------------------------------- refusals
