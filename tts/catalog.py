@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from .memory import release_free_memory
 from .stream import Synthesizer
 from .voice import Voice, VoiceError, VoiceInfo
 
@@ -103,6 +104,7 @@ class VoiceCatalog:
                 t0 = time.monotonic()
                 synth = Synthesizer(Voice.load(info))
                 self._loaded[info.name] = synth
+                release_free_memory(f"voice {info.name} loaded")  # the parsed file's copies
                 log.info("loaded voice %s (%s, %d Hz) in %.2f s", info.name,
                          info.config.quality, info.config.sample_rate, time.monotonic() - t0)
             return synth

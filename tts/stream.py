@@ -11,7 +11,6 @@ later windows grow so that the per-window overhead costs little.
 
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 import sys
@@ -25,13 +24,12 @@ import torch
 
 from .flow_stream import StreamingFlow
 from .generator_stream import StreamingGenerator
+from .memory import pin_mmap_threshold
 from .phonemize import phoneme_ids, phonemize
 from .vits import Vits, nhwc
 from .voice import Voice
 
 _threads_lock = threading.Lock()
-_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
-MMAP_THRESHOLD = 1 << 20  # bytes; see set_threads
 
 
 def cores() -> int:
@@ -54,21 +52,13 @@ def default_threads() -> int:
 def set_threads(n: int) -> None:
     """Intra-op threads for every synthesis in this process (torch's setting is global).
 
-    Also pins glibc's mmap threshold at 1 MiB. By default glibc raises it after the first
-    large free, up to 32 MiB, and the generator's multi-megabyte temporaries then come from
-    the heap and, fragmented, keep the process ~40 MB larger. Pinned too low (64 KiB), every
-    such temporary is a fresh mapping whose pages fault in on first touch: measured 30%
-    slower. At 1 MiB the few largest tensors are mapped and the rest reuse the heap; with the
-    generator's cache-sized pieces nearly all of them are below it (bench/README.md has the
-    figures).
+    Also pins glibc's mmap threshold (``tts.memory``): every process that synthesizes calls
+    this first.
     """
     with _threads_lock:
         if n > 0 and torch.get_num_threads() != n:
             torch.set_num_threads(n)
-        try:
-            ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-        except (OSError, AttributeError):
-            pass  # not glibc: nothing to tune
+        pin_mmap_threshold()
 
 
 @dataclass(frozen=True)
