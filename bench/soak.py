@@ -6,10 +6,11 @@ thread per request ends that. This starts ``herald run`` the way a fresh install
 needed), then drives rounds of what its users send, good and bad, through every front:
 
 * MQTT: a ``say`` to the speaker, waited for until "finished"; a ``say`` to the network
-  (``sinks: ["mqtt"]``), read to its ``audio/<id>/stop``; a long ``say`` stopped once it has
-  started; a payload that is not JSON (an ``error`` event);
-* HTTP: ``POST /tts`` (a WAV); a ``/tts/stream`` whose client hangs up after the first
-  bytes; empty text (400);
+  (``sinks: ["mqtt"]``), read to its ``audio/<id>/stop``; text streamed in pieces split
+  mid-word (``say/stream``), to the network; a long ``say`` stopped once it has started; a
+  payload that is not JSON (an ``error`` event);
+* HTTP: ``POST /tts`` (a WAV); OpenAI's ``/v1/audio/speech``; a ``/tts/stream`` whose client
+  hangs up after the first bytes; empty text (400);
 * Wyoming: ``synthesize`` read to ``audio-stop``; streamed input whose client vanishes after
   its first ``audio-chunk``; an unknown voice (``error``).
 
@@ -171,9 +172,10 @@ class Driver:
 
     async def round(self, n: int, session: aiohttp.ClientSession) -> int:
         """Run round ``n``; returns the requests it made."""
-        steps = [self.mqtt_speaker, self.mqtt_network, self.mqtt_stop, self.mqtt_bad_json,
-                 self.http_wav, self.http_hang_up, self.http_empty, self.wyoming_synthesize,
-                 self.wyoming_vanish, self.wyoming_unknown_voice]
+        steps = [self.mqtt_speaker, self.mqtt_network, self.mqtt_streamed, self.mqtt_stop,
+                 self.mqtt_bad_json, self.http_wav, self.http_openai, self.http_hang_up,
+                 self.http_empty, self.wyoming_synthesize, self.wyoming_vanish,
+                 self.wyoming_unknown_voice]
         for step in steps:
             await step(n, session)
         return len(steps)
@@ -196,6 +198,23 @@ class Driver:
         if got < 22050:  # ~4 s of speech expected: at least half a second of 16-bit PCM
             raise AssertionError(f"MQTT audio for {rid}: only {got} bytes")
 
+    async def mqtt_streamed(self, n: int, session: aiohttp.ClientSession) -> None:
+        """Text arriving piece by piece (an LLM's answer), split mid-word, to the network."""
+        rid = f"str{n}"
+        pieces = ["The garage do", "or is closed. The ala", "rm is set."]
+        for seq, text in enumerate(pieces):
+            piece = {"id": rid, "seq": seq, "text": text, "final": seq == len(pieces) - 1}
+            if seq == 0:
+                piece["sinks"] = ["mqtt"]
+            self.mqtt.publish("say/stream", json.dumps(piece))
+        await asyncio.to_thread(self.mqtt.event, rid, "finished")
+        await asyncio.to_thread(self.mqtt.wait, f"audio/{rid}/stop",
+                                lambda: rid in self.mqtt.audio_stopped)
+        got = self.mqtt.audio_bytes.pop(rid, 0)
+        self.mqtt.audio_stopped.discard(rid)
+        if got < 22050:  # two sentences, ~2.5 s: at least half a second
+            raise AssertionError(f"MQTT audio for stream {rid}: only {got} bytes")
+
     async def mqtt_stop(self, n: int, session: aiohttp.ClientSession) -> None:
         rid = f"cut{n}"
         self.mqtt.publish("say", json.dumps({"id": rid, "text": LONG, "sinks": ["speaker"]}))
@@ -217,6 +236,13 @@ class Driver:
         with wave.open(io.BytesIO(body)) as w:
             if w.getnframes() < w.getframerate() // 2:
                 raise AssertionError(f"POST /tts: only {w.getnframes()} frames")
+
+    async def http_openai(self, n: int, session: aiohttp.ClientSession) -> None:
+        body = {"model": "tts-1", "voice": "alloy", "input": SHORT, "response_format": "pcm"}
+        async with session.post(f"{self.http}/v1/audio/speech", json=body) as r:
+            pcm = await r.read()
+            if r.status != 200 or len(pcm) < 22050:
+                raise AssertionError(f"POST /v1/audio/speech: {r.status}, {len(pcm)} bytes")
 
     async def http_hang_up(self, n: int, session: aiohttp.ClientSession) -> None:
         """A kiosk closed mid-sentence: herald must notice and drop the synthesis."""
