@@ -788,13 +788,19 @@ def test_credentials_and_mqtt_311(tmp_path: Path) -> None:
         c = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
         c.username_pw_set("herald", "s3cret")
         events: list[dict[str, Any]] = []
-        c.on_message = lambda cl, u, m: events.append(json.loads(m.payload))
+        online: list[bytes] = []
+        c.on_message = lambda cl, u, m: (online.append(m.payload) if m.topic.endswith(
+            "/availability") else events.append(json.loads(m.payload)))
         c.connect("127.0.0.1", broker.port)
-        c.subscribe(f"{BASE}/event", 1)
+        c.subscribe([(f"{BASE}/event", 1), (f"{BASE}/availability", 1)])
         c.loop_start()
         try:
             deadline = time.monotonic() + 60
             heralds["s3cret"].wait_log("connected to")
+            # "online" comes after herald's subscriptions: a say sent before them is lost
+            while b"online" not in online:
+                assert time.monotonic() < deadline, heralds["s3cret"].tail()
+                time.sleep(0.05)
             c.publish(f"{BASE}/say", json.dumps({"id": "auth1", "text": "Logged in."}), 1)
             while not any(e.get("id") == "auth1" and e["event"] == "finished" for e in events):
                 assert time.monotonic() < deadline, heralds["s3cret"].tail()
