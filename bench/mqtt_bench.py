@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -31,7 +30,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 
 from bench.engine import LONG, SHORT
-from bench.net import free_port, wait_port
+from bench.net import alsa_env, free_port, wait_port
 
 
 class Listener:
@@ -82,11 +81,7 @@ def run(repeats: int, threads: int) -> dict[str, Any]:
     port = free_port()
     (work / "mosquitto.conf").write_text(f"user root\nlistener {port} 127.0.0.1\n"
                                          "allow_anonymous true\n")
-    alsa = work / "alsa.conf"
-    alsa.write_text(Path("/usr/share/alsa/alsa.conf").read_text()
-                    + f'\npcm.!default {{ type file slave.pcm "null" file "{work}/out.raw" '
-                    'format "raw" }\n')
-    env = dict(os.environ, ALSA_CONFIG_PATH=str(alsa))
+    env = alsa_env(work, work / "out.raw")
     broker = subprocess.Popen(["mosquitto", "-c", str(work / "mosquitto.conf")],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     daemon = None

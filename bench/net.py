@@ -1,9 +1,13 @@
-"""Loopback helpers shared by the benchmarks and the tests that start real servers."""
+"""Helpers shared by the benchmarks and the tests that start real servers: loopback ports,
+and ALSA's default device pointed at a file (so herald's speaker runs with no sound card)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import time
+from collections.abc import Mapping
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -21,3 +25,18 @@ def wait_port(port: int, timeout: float = 10.0) -> None:
         except OSError:
             time.sleep(0.05)
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout} s")
+
+
+def alsa_env(directory: Path, target: Path, base: Mapping[str, str] | None = None
+             ) -> dict[str, str]:
+    """``base`` (default: this process's environment), with ALSA's default PCM writing raw
+    PCM into ``target`` (a file, a FIFO or /dev/null) through the ``file`` plugin in front of
+    the null PCM. The configuration file goes into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    system = Path("/usr/share/alsa/alsa.conf")
+    conf = directory / "alsa.conf"
+    conf.write_text(
+        system.read_text()
+        + f'\npcm.!default {{ type file slave.pcm "null" file "{target}" format "raw" }}\n'
+    )
+    return dict(base if base is not None else os.environ, ALSA_CONFIG_PATH=str(conf))

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ from wyoming.tts import (
 )
 
 from bench.engine import COOL_DOWN
+from bench.net import free_port
 from tts import default_threads
 from tts.warm import KEEP_WARM_MODES
 
@@ -81,12 +81,6 @@ class Series:
 
     def median(self, attr: str) -> float:
         return statistics.median(getattr(s, attr) for s in self.samples)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- servers ----------------------------------------------------------------------------------

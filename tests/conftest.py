@@ -4,7 +4,6 @@ socket, and the default voice loaded once per session."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.net import free_port, wait_port
+from bench.net import alsa_env, free_port, wait_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,19 +117,6 @@ class AlsaFile:
 
     def pcm(self) -> bytes:
         return self.out.read_bytes() if self.out.exists() else b""
-
-
-def alsa_env(directory: Path, target: Path) -> dict[str, str]:
-    """This environment, with ALSA's default PCM writing raw PCM into ``target`` (a file or
-    a FIFO) through the ``file`` plugin in front of the null PCM."""
-    directory.mkdir(parents=True, exist_ok=True)
-    system = Path("/usr/share/alsa/alsa.conf")
-    conf = directory / "alsa.conf"
-    conf.write_text(
-        system.read_text()
-        + f'\npcm.!default {{ type file slave.pcm "null" file "{target}" format "raw" }}\n'
-    )
-    return dict(os.environ, ALSA_CONFIG_PATH=str(conf))
 
 
 def alsa_file_env(directory: Path) -> AlsaFile:
