@@ -21,7 +21,6 @@ Elsewhere than glibc (musl, macOS) both do nothing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 from functools import cache
@@ -38,7 +37,9 @@ MMAP_THRESHOLD = 1 << 20  # bytes
 def _glibc() -> Any:
     """The C library, if it is glibc (it has ``malloc_trim`` and ``mallopt``)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        # The process's own symbols, libc's among them: no library search (find_library
+        # would run ldconfig at start-up).
+        libc = ctypes.CDLL(None)
         libc.malloc_trim.argtypes = [ctypes.c_size_t]
         libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     except (OSError, AttributeError):
@@ -68,9 +69,9 @@ def release_free_memory(why: str) -> bool:
     libc = _glibc()
     if libc is None:
         return False
-    before = resident_mb()
+    before = resident_mb() if log.isEnabledFor(logging.DEBUG) else None  # for the log only
     released = bool(libc.malloc_trim(0))
-    after = resident_mb()
+    after = resident_mb() if before is not None else None
     if before is not None and after is not None:
         log.debug("%s: %.0f MB of freed memory handed back (resident now %.0f MB)", why,
                   before - after, after)
