@@ -17,7 +17,7 @@ needed), then drives rounds of what its users send, good and bad, through every 
 Every answer is checked (audio where audio is due, the error where one is due), so a round
 also proves that bad input and vanished clients cost the others nothing. After each round
 the driver waits until herald is idle and reads its resident memory, open file descriptors
-and threads from ``/proc``. The growth is taken after the warm-up rounds, when caches,
+and threads from ``/proc``; round 0 is the same reading at ready, before any request. The growth is taken after the warm-up rounds, when caches,
 pools and the allocator's arenas have reached their size.
 
     .venv/bin/python -m bench.soak [--rounds 200] [--warmup 50] [--json]
@@ -44,6 +44,7 @@ from typing import Any
 
 import aiohttp
 import paho.mqtt.client as mqtt
+from prometheus_client.parser import text_string_to_metric_families
 from wyoming.audio import AudioChunk, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
@@ -55,7 +56,7 @@ from wyoming.tts import (
     SynthesizeVoice,
 )
 
-from bench.net import free_port, wait_port
+from bench.net import alsa_env, free_port, wait_port
 
 DEVICE = "soak"
 BASE = f"herald/{DEVICE}"
@@ -85,7 +86,7 @@ class Soak:
     def growth(self) -> dict[str, float]:
         """From the end of the warm-up to the last round: the change, and memory per 1000
         requests."""
-        a, b = self.samples[self.warmup - 1], self.samples[-1]
+        a, b = self.samples[self.warmup], self.samples[-1]  # samples[n]: round n
         served = max(1, b.requests - a.requests)
         return {"requests": served, "rss_mb": round(b.rss_mb - a.rss_mb, 1),
                 "rss_mb_per_1000": round((b.rss_mb - a.rss_mb) * 1000 / served, 2),
@@ -300,26 +301,31 @@ class Driver:
                 raise AssertionError(f"Wyoming, unknown voice: {event}, not an error")
 
 
-async def settle(pid: int, session: aiohttp.ClientSession, http: str) -> None:
+async def settle(pid: int, session: aiohttp.ClientSession, http: str) -> tuple[float, int, int]:
     """Wait until herald is idle: no synthesis running or queued (its ``/metrics``), and its
     file descriptors and threads unchanged over 0.15 s (a vanished client's synthesis ends
-    within a chunk of its going, a stopped utterance within its fade)."""
+    within a chunk of its going, a stopped utterance within its fade). Returns its
+    ``footprint`` then."""
     deadline = time.monotonic() + 10.0
-    last: tuple[int, int] | None = None
+    last: tuple[float, int, int] | None = None
     steady = 0
     while steady < 3 and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
         async with session.get(f"{http}/metrics") as r:
-            text = await r.text()
-        busy = any(line.split()[-1] not in ("0.0", "0") for line in text.splitlines()
-                   if line.startswith(("herald_active_syntheses ", "herald_queue_depth ")))
-        _, fds, threads = footprint(pid)
-        steady = steady + 1 if (fds, threads) == last and not busy else 0
-        last = (fds, threads)
+            families = text_string_to_metric_families(await r.text())
+        busy = any(sample.value for family in families
+                   if family.name in ("herald_active_syntheses", "herald_queue_depth")
+                   for sample in family.samples)
+        now = footprint(pid)
+        steady = steady + 1 if last is not None and now[1:] == last[1:] and not busy else 0
+        last = now
+    assert last is not None
+    return last
 
 
 async def drive(port: int, http_port: int, wyoming_port: int, pid: int, rounds: int,
                 warmup: int, progress: Callable[[Sample], None] | None = None) -> Soak:
+    """Round 0 is herald at ready, before any request."""
     peer = MqttPeer(port)
     soak = Soak(warmup=warmup)
     try:
@@ -327,10 +333,10 @@ async def drive(port: int, http_port: int, wyoming_port: int, pid: int, rounds: 
         driver = Driver(peer, http_port, wyoming_port)
         requests = 0
         async with aiohttp.ClientSession() as session:
-            for n in range(1, rounds + 1):
-                requests += await driver.round(n, session)
-                await settle(pid, session, driver.http)
-                s = Sample(n, requests, *footprint(pid))
+            for n in range(rounds + 1):
+                if n:
+                    requests += await driver.round(n, session)
+                s = Sample(n, requests, *await settle(pid, session, driver.http))
                 soak.samples.append(s)
                 if progress is not None:
                     progress(s)
@@ -345,13 +351,9 @@ def run(rounds: int, warmup: int, progress: Callable[[Sample], None] | None = No
     if warmup < 1 or rounds <= warmup:
         raise ValueError("need 1 <= warmup < rounds")
     work = Path(tempfile.mkdtemp(prefix="herald-soak-"))
-    alsa = work / "alsa.conf"
-    alsa.write_text(Path("/usr/share/alsa/alsa.conf").read_text()
-                    + '\npcm.!default { type file slave.pcm "null" file "/dev/null" '
-                    'format "raw" }\n')
     port, http_port, wyoming_port = free_port(), free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HERALD_")}
-    env["ALSA_CONFIG_PATH"] = str(alsa)
+    env = alsa_env(work, Path("/dev/null"),
+                   {k: v for k, v in os.environ.items() if not k.startswith("HERALD_")})
     out = (log or work / "herald.log").open("wb")
     daemon = subprocess.Popen(
         [sys.executable, "-m", "daemon.cli", "run", "--set", f"device_id={DEVICE}",
