@@ -29,6 +29,7 @@ from tts import (
     set_threads,
 )
 from tts.compose import Composer, Planner, Step
+from tts.cpu import usable_threads
 from tts.stream import cores
 from tts.text import TextFormat
 from tts.warm import KeepWarm, Warmer
@@ -193,7 +194,7 @@ def cpu_plan(threads: int | None, workers: int | None) -> tuple[int, int]:
     chunk by chunk.
     """
     n = cores()
-    threads = threads or default_threads()
+    threads = usable_threads(threads or default_threads())
     fit = max(1, n // threads)
     if workers is None:
         return threads, fit

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from .cpu import usable_threads
 from .flow_stream import StreamingFlow
 from .generator_stream import StreamingGenerator
 from .memory import pin_mmap_threshold
@@ -50,11 +51,13 @@ def default_threads() -> int:
 
 
 def set_threads(n: int) -> None:
-    """Intra-op threads for every synthesis in this process (torch's setting is global).
+    """Intra-op threads for every synthesis in this process (torch's setting is global); fewer
+    where this machine cannot run that many (``tts.cpu``).
 
     Also pins glibc's mmap threshold (``tts.memory``): every process that synthesizes calls
     this first.
     """
+    n = usable_threads(n)
     with _threads_lock:
         if n > 0 and torch.get_num_threads() != n:
             torch.set_num_threads(n)
