@@ -3,10 +3,22 @@
 Nothing here imports ``daemon``.
 """
 
-from .audio import AudioFormat, to_pcm16, wav_bytes
-from .catalog import DEFAULT_VOICE, UnknownVoice, VoiceCatalog
-from .stream import AudioChunk, SynthesisOptions, Synthesizer, default_threads, set_threads
-from .voice import Voice, VoiceError, VoiceInfo
+from .cpu import require_runnable_torch
+
+# Before the first ``import torch``: a build this CPU cannot run would kill the process
+# without a word (``tts.cpu``).
+require_runnable_torch()
+
+from .audio import AudioFormat, to_pcm16, wav_bytes  # noqa: E402
+from .catalog import DEFAULT_VOICE, UnknownVoice, VoiceCatalog  # noqa: E402
+from .stream import (  # noqa: E402
+    AudioChunk,
+    SynthesisOptions,
+    Synthesizer,
+    default_threads,
+    set_threads,
+)
+from .voice import Voice, VoiceError, VoiceInfo  # noqa: E402
 
 __all__ = [
     "DEFAULT_VOICE", "AudioChunk", "AudioFormat", "SynthesisOptions", "Synthesizer",
