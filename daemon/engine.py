@@ -176,9 +176,11 @@ class Engine:
         """
         return self._warmer.start(self.settings.keep_warm)
 
-    def close(self) -> None:
-        self._workers.close()
+    def close(self, join: float = 0.0) -> bool:
+        """Stop the workers after their current step, waiting up to ``join`` seconds for
+        each; True if none is still computing."""
         self._warmer.stop()
+        return self._workers.close(join)
 
 
 def cpu_plan(threads: int | None, workers: int | None) -> tuple[int, int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 import time
@@ -38,6 +39,7 @@ except ImportError:  # pragma: no cover - depends on the tree
 log = logging.getLogger("herald")
 
 STOP_BUDGET = 4.5  # seconds from the signal to exit, all parts together
+WORKER_JOIN = 2.0  # of which, at most, for a synthesis step under way to end
 # Seconds without synthesis/playback progress (while busy) before the watchdog starves. Longer
 # than the speaker's jitter buffer, which drains without progress at an utterance's end.
 STALL_LIMIT = 60.0
@@ -133,6 +135,7 @@ class Service:
         self.mqtt: Any = None
         self._stop = asyncio.Event()
         self._last_status = ""
+        self.workers_ended = True  # False from the engine's start until its workers end
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -170,6 +173,7 @@ class Service:
                                                 keep_warm=s.voices.keep_warm))
         metrics = Metrics()
         self.ctx = ctx = Context(engine, metrics, __version__)
+        self.workers_ended = False
         notify_status(f"loading voice {catalog.default}")
         await engine.preload(catalog.default)
         engine.keep_warm()
@@ -239,7 +243,7 @@ class Service:
         for part in reversed(self.parts):
             await self._guard(part.name, part.stop())
         if self.ctx is not None:
-            self.ctx.engine.close()
+            self.workers_ended = await asyncio.to_thread(self.ctx.engine.close, WORKER_JOIN)
 
     async def _guard(self, name: str, aw: Awaitable[Any], timeout: float = 2.0) -> None:
         try:
@@ -269,8 +273,16 @@ def run(config_path: Path | None, overrides: list[str]) -> int:
         print(f"herald: config error: {e}", file=sys.stderr)
         return 2
     setup_logging(settings.log_level)
+    service = Service(settings)
     try:
-        return asyncio.run(Service(settings).run())
+        code = asyncio.run(service.run())
     except VoiceError as e:
         print(f"herald: config error: voices: {e}", file=sys.stderr)
         return 2
+    if not service.workers_ended:
+        # A synthesis step still runs (a slow or busy CPU): tearing the interpreter down
+        # under torch's threads would abort the process (SIGABRT), so leave without it.
+        log.warning("a synthesis step was still running; exiting without waiting for it")
+        logging.shutdown()
+        os._exit(code)
+    return code

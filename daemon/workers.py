@@ -89,19 +89,20 @@ class Workers:
         this worker must be idle by then to be the one that takes it."""
         _current.worker.after.append(fn)
 
-    def close(self, join: float = 0.0) -> None:
+    def close(self, join: float = 0.0) -> bool:
         """Stop the workers after their current step; waiting jobs are dropped. ``join``:
-        seconds to wait for each thread to end."""
+        seconds to wait for each thread to end. True if every one has ended."""
         with self._lock:
             self._closed = True
             self._waiting.clear()
             idle, self._idle = self._idle, []
         for w in idle:
             w.give(None)
+        others = [w.thread for w in self._workers if w.thread is not threading.current_thread()]
         if join > 0:
-            for w in self._workers:
-                if w.thread is not threading.current_thread():
-                    w.thread.join(join)
+            for thread in others:
+                thread.join(join)
+        return not any(thread.is_alive() for thread in others)
 
     def _next(self, worker: _Worker, job: Job, again: bool) -> Job | None:
         """What ``worker`` runs after a step of ``job``: the same job if it wants to go on
