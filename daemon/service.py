@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from tts import SynthesisOptions, VoiceCatalog, VoiceError
+from tts import SynthesisOptions, UnknownVoice, VoiceCatalog, VoiceError
 
 from . import __version__
 from .context import Context
@@ -28,6 +28,7 @@ from .engine import Engine, EngineSettings
 from .metrics import Metrics
 from .scheduler import Scheduler
 from .settings import ConfigError, Settings, load_settings
+from .state import STATE_FILE, DeviceState, state_directory
 
 _systemd: Any
 try:  # written separately; until it exists the hooks are no-ops
@@ -169,18 +170,25 @@ class Service:
                                                 workers=s.voices.workers,
                                                 keep_warm=s.voices.keep_warm))
         metrics = Metrics()
-        self.ctx = ctx = Context(engine, metrics, __version__)
+        state = DeviceState.load(state_directory(s.state.directory) / STATE_FILE,
+                                 catalog.default, s.speaker.volume,
+                                 lambda name: _installed(engine, name))
+        self.ctx = ctx = Context(engine, metrics, __version__, state=state)
         notify_status(f"loading voice {catalog.default}")
         await engine.preload(catalog.default)
+        if state.voice != catalog.default:
+            await engine.preload(state.voice)
         engine.keep_warm()
 
         speaker = None
         if s.speaker.enabled:
             from .sinks.speaker import SpeakerSink
 
-            candidate = SpeakerSink(s.speaker, metrics)
+            candidate = SpeakerSink(s.speaker.model_copy(update={"volume": state.volume}),
+                                    metrics)
             if await self._start_part(candidate):
                 speaker = candidate
+                state.add_listener(lambda st: setattr(candidate, "volume", st.volume))
         syn = s.synthesis
         ctx.synthesis = SynthesisOptions(
             length_scale=syn.length_scale, noise_scale=syn.noise_scale, noise_w=syn.noise_w,
@@ -259,6 +267,14 @@ class Service:
         if text != self._last_status:
             self._last_status = text
             notify_status(text)
+
+
+def _installed(engine: Engine, name: str) -> str | None:
+    """The installed voice a saved name stands for; None if there is none any more."""
+    try:
+        return engine.resolve_voice(name)
+    except UnknownVoice:
+        return None
 
 
 def run(config_path: Path | None, overrides: list[str]) -> int:

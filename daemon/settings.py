@@ -195,6 +195,18 @@ class MqttSettings(_Section):
         return _check_topic(v, "base topic") if v else v
 
 
+class StateSettings(_Section):
+    # Where the device state (default voice, volume set at run time) is kept across
+    # restarts. None: $STATE_DIRECTORY (systemd's StateDirectory=), else
+    # $XDG_STATE_HOME/herald or ~/.local/state/herald (daemon.state).
+    directory: Path | None = None
+
+    @field_validator("directory", mode="before")
+    @classmethod
+    def _empty_is_none(cls, v: Any) -> Any:
+        return None if v == "" else v
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__",
                                       case_sensitive=False, extra="forbid")
@@ -208,6 +220,7 @@ class Settings(BaseSettings):
     speaker: SpeakerSettings = Field(default_factory=SpeakerSettings)
     wyoming: WyomingSettings = Field(default_factory=WyomingSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    state: StateSettings = Field(default_factory=StateSettings)
 
     @field_validator("device_id")
     @classmethod

@@ -320,7 +320,7 @@ class HttpFront:
         checked against it (400)."""
         engine = self.ctx.engine
         try:
-            voice = engine.resolve_voice(name)
+            voice = engine.resolve_voice(name, default=self.ctx.state.voice)
         except UnknownVoice as e:
             raise ApiError(404, str(e), reason="unknown_voice") from None
         try:
@@ -526,7 +526,7 @@ class HttpFront:
 
     async def _voices(self, request: web.Request) -> web.Response:
         catalog = self.ctx.engine.catalog
-        return web.json_response([i.summary(i.name == catalog.default)
+        return web.json_response([i.summary(i.name == self.ctx.state.voice)
                                   for i in catalog.infos()])
 
     async def _healthz(self, request: web.Request) -> web.Response:

@@ -85,9 +85,6 @@ class MqttFront:
         self.client_id = client_id
         self.scheduler = scheduler
         self.host = host or settings.host or "127.0.0.1"
-        self.voice = ctx.engine.catalog.default  # runtime default, changed by set/voice
-        speaker = scheduler.speaker if scheduler else None
-        self.volume = speaker.volume if speaker else 1.0
         self.last_latency: dict[str, Any] | None = None
         self.connected = False
         self._client: mqtt.Client | None = None
@@ -106,6 +103,7 @@ class MqttFront:
         if scheduler:
             scheduler.add_listener(self._on_event)
         ctx.metrics.add_listener(self._on_latency)
+        ctx.state.add_listener(lambda state: self.publish_status())
 
     def _play_bytes_topic(self) -> str | None:
         """The Hermes audio server topic we take WAVs on (None: Hermes off or unusable)."""
@@ -190,7 +188,7 @@ class MqttFront:
     def publish_status(self) -> None:
         snap = self.scheduler.snapshot() if self.scheduler else {
             "state": "idle", "queue": 0, "current_id": None}
-        status = {**snap, "voice": self.voice, "volume": self.volume,
+        status = {**snap, **self.ctx.state.as_dict(),
                   "version": self.ctx.version, "last_latency": self.last_latency}
         self.publish(self.topics.status, json.dumps(status), 1, True)
 
@@ -327,7 +325,7 @@ class MqttFront:
 
     def _resolve_voice(self, name: str | None) -> str:
         """A voice name or language; none: the default set on ``set/voice``."""
-        return self.ctx.engine.resolve_voice(name, default=self.voice)
+        return self.ctx.engine.resolve_voice(name, default=self.ctx.state.voice)
 
     def _scheduler(self, request_id: str | None = None) -> Scheduler:
         if self.scheduler is None:
@@ -465,11 +463,8 @@ class MqttFront:
         if not 0.0 <= value <= 1.0:
             shown = repr(text) if text is not None else f"{len(payload)} bytes"
             raise RequestError(f"volume must be a number from 0 to 1 (got {shown})")
-        self.volume = value
-        if self.scheduler and self.scheduler.speaker:
-            self.scheduler.speaker.volume = value
         log.info("MQTT: volume set to %.2f", value)
-        self.publish_status()
+        self.ctx.state.set_volume(value)  # the speaker and the status follow
 
     def _on_voice(self, payload: bytes, t: Timeline) -> None:
         text = decode_text(payload).strip()
@@ -486,9 +481,8 @@ class MqttFront:
             voice = self._resolve_voice(text)
         except VoiceError as e:
             raise RequestError(str(e)) from None
-        self.voice = voice
         log.info("MQTT: default voice set to %s", voice)
-        self.publish_status()
+        self.ctx.state.set_voice(voice)  # the status follows
         self._spawn(self._preload(voice))
 
     async def _preload(self, voice: str) -> None:

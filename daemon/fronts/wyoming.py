@@ -629,7 +629,8 @@ class _Connection(AsyncEventHandler):
         if wanted is None:
             wanted = SynthesizeVoice()
         try:
-            voice = self.ctx.engine.resolve_voice(wanted.name, wanted.language)
+            voice = self.ctx.engine.resolve_voice(wanted.name, wanted.language,
+                                                  default=self.ctx.state.voice)
         except UnknownVoice as e:
             raise _Refused("unknown-voice", str(e)) from None
         if wanted.speaker not in (None, ""):
