@@ -196,8 +196,10 @@ class Service:
             paragraph_silence=syn.paragraph_silence)
         self.scheduler = Scheduler(engine, metrics, s.scheduler, ctx.synthesis, speaker)
         ctx.scheduler = self.scheduler
+        ctx.status.scheduler = self.scheduler
         self.scheduler.on_progress = watchdog_progress
         self.scheduler.add_listener(lambda ev: self._status())
+        ctx.status.add_listener(self._status)
 
         if s.mqtt.enabled:
             await self._start_mqtt()
@@ -258,9 +260,9 @@ class Service:
             log.error("%s failed to stop cleanly: %s", name, e)
 
     def _status(self) -> None:
-        if self.scheduler is None:
+        if self.ctx is None:
             return
-        snap = self.scheduler.snapshot()
+        snap = self.ctx.status.snapshot()
         text = f"{snap['state']}, {snap['queue']} queued"
         if self.mqtt is not None:
             text += ", MQTT " + ("connected" if self.mqtt.connected else "disconnected")

@@ -179,6 +179,38 @@ def test_set_voice_over_mqtt_is_the_default_of_http_and_wyoming(herald: Herald,
     assert AudioStart.from_event(events[0]).rate == 22050
 
 
+# --------------------------------------------------------------------------- status of all work
+
+
+@pytest.mark.parametrize("front", ["wyoming", "http"])
+def test_work_on_every_front_moves_the_status_and_latency_sensors(herald: Herald,
+                                                                  client: Client,
+                                                                  front: str) -> None:
+    """Home Assistant's State, Time to first audio and Real-time factor sensors read the
+    retained status: a Wyoming or HTTP synthesis must show there as MQTT work does."""
+    since = len(client.msgs)
+    text = "Herald is busy speaking this sentence for a while, one word after another."
+    if front == "wyoming":
+        events = herald.wyoming(Synthesize(text=text))
+        assert events[-1].type == "audio-stop"
+    else:
+        status, _, _ = herald.http("/tts", {"text": text})
+        assert status == 200
+
+    def latest(ms: list[Msg]) -> dict[str, Any] | None:
+        st = statuses(ms, since)
+        done = [s for s in st if (s["last_latency"] or {}).get("front") == front]
+        return done[-1] if done and st[-1]["state"] == "idle" else None
+
+    last = client.wait(latest, 30, f"an idle status with the {front} latency")
+    assert any(s["state"] == "speaking" for s in statuses(client.msgs, since))
+    latency = last["last_latency"]
+    assert latency["outcome"] == "ok" and latency["first_audio_ms"] > 0 and latency["rtf"] > 0
+    # The same record went out on the latency topic.
+    records = [m.json() for m in client.msgs[since:] if m.topic == f"{BASE}/latency"]
+    assert latency in records
+
+
 def test_voice_and_volume_survive_a_restart(tmp_path: Path, voices: tuple[Path, str]) -> None:
     (tmp_path / "broker").mkdir()
     broker = Broker(free_port(), tmp_path / "broker")

@@ -432,10 +432,12 @@ class HttpFront:
 
     @contextlib.contextmanager
     def _measured(self, run: _Run) -> Iterator[None]:
-        """Files the utterance's latency record, however it ends. A client that went away
+        """Files the utterance's latency record, however it ends, and shows the utterance in
+        the device status while it runs. A client that went away
         (``ConnectionError``, or its handler cancelled) is no error: the record says stopped,
         one line logs how far it got, and the exception goes on up to end the handler, which
         returns quietly (aiohttp has nothing left to send)."""
+        self.ctx.status.begin(run.id, self.name)
         try:
             yield
         except (ConnectionError, asyncio.CancelledError):
@@ -446,6 +448,7 @@ class HttpFront:
         finally:
             if run.answered:
                 self._record(run)
+            self.ctx.status.end(run.id)
 
     async def _synthesize_all(self, run: _Run) -> bytes:
         """The whole utterance as PCM (for a WAV with exact sizes, or a ZIP entry)."""

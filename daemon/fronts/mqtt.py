@@ -85,7 +85,6 @@ class MqttFront:
         self.client_id = client_id
         self.scheduler = scheduler
         self.host = host or settings.host or "127.0.0.1"
-        self.last_latency: dict[str, Any] | None = None
         self.connected = False
         self._client: mqtt.Client | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -103,7 +102,8 @@ class MqttFront:
         if scheduler:
             scheduler.add_listener(self._on_event)
         ctx.metrics.add_listener(self._on_latency)
-        ctx.state.add_listener(lambda state: self.publish_status())
+        # Device state, work on every front, every latency record: each republishes the status.
+        ctx.status.add_listener(self.publish_status)
 
     def _play_bytes_topic(self) -> str | None:
         """The Hermes audio server topic we take WAVs on (None: Hermes off or unusable)."""
@@ -186,11 +186,7 @@ class MqttFront:
         return self._client.publish(topic, payload, qos, retain)
 
     def publish_status(self) -> None:
-        snap = self.scheduler.snapshot() if self.scheduler else {
-            "state": "idle", "queue": 0, "current_id": None}
-        status = {**snap, **self.ctx.state.as_dict(),
-                  "version": self.ctx.version, "last_latency": self.last_latency}
-        self.publish(self.topics.status, json.dumps(status), 1, True)
+        self.publish(self.topics.status, json.dumps(self.ctx.status.snapshot()), 1, True)
 
     def publish_discovery(self) -> None:
         if not self.settings.discovery.enabled:
@@ -545,8 +541,7 @@ class MqttFront:
         self.publish_status()
 
     def _on_latency(self, rec: LatencyRecord) -> None:
-        self.last_latency = rec.as_dict()
-        self.publish(self.topics.latency, json.dumps(self.last_latency), 1, False)
+        self.publish(self.topics.latency, json.dumps(rec.as_dict()), 1, False)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

@@ -239,6 +239,7 @@ class _AudioOut:
         self.samples = 0
         self._started = False
         self._closed = False
+        conn.ctx.status.begin(self.id, FRONT)  # speaking, until close()
 
     def set_voice(self, voice: str, options: SynthesisOptions) -> None:
         self.voice = voice
@@ -301,6 +302,7 @@ class _AudioOut:
                                                        self.timeline, seconds, outcome=outcome))
         else:
             metrics.request(FRONT, outcome)
+        self.conn.ctx.status.end(self.id)
 
     @contextlib.contextmanager
     def accounting(self) -> Iterator[None]:
