@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from audio_checks import pcm16, rms
+from audio_checks import assert_speech, pcm16, rms
 from conftest import AlsaFile, Broker, alsa_file_env, free_port, wait_port
 from herald_process import HeraldProcess, herald_env, start_herald
 from mqtt_client import BASE, DEVICE, Client, Msg
@@ -177,6 +177,37 @@ def test_set_voice_over_mqtt_is_the_default_of_http_and_wyoming(herald: Herald,
     assert (status, headers["X-Herald-Voice"], wav_rate(body)) == (200, DEFAULT_VOICE, 22050)
     events = herald.wyoming(Synthesize(text="And now?"))
     assert AudioStart.from_event(events[0]).rate == 22050
+
+
+# --------------------------------------------------------------------------- Home Assistant
+
+
+def test_a_notify_message_beginning_with_a_brace_is_spoken(herald: Herald,
+                                                           client: Client) -> None:
+    """Home Assistant's notify entity renders the discovery's command_template with the
+    message as ``value``; "{kitchen} timer done." used to arrive bare and be refused as
+    malformed JSON."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    topic = f"homeassistant/device/{DEVICE}/config"
+    discovery = client.wait(lambda ms: next((m.json() for m in ms if m.topic == topic), None),
+                            10, "retained discovery")
+    say = discovery["cmps"]["say"]
+    assert (say["command_topic"], say["qos"]) == (f"{BASE}/say", 1)
+    payload = ImmutableSandboxedEnvironment().from_string(say["command_template"]).render(
+        value="{kitchen} timer done.")
+    before = len(herald.alsa.pcm())
+    since = len(client.msgs)
+    client.publish(say["command_topic"], payload, qos=say["qos"])
+    queued = client.wait(lambda ms: next((m.json() for m in ms[since:]
+                                          if m.topic == f"{BASE}/event"), None), 30, "an event")
+    assert queued["event"] == "queued", queued
+    assert client.wait_event(queued["id"])["event"] == "finished"
+    record = client.wait(lambda ms: next((m.json() for m in ms if m.topic == f"{BASE}/latency"
+                                          and m.json()["id"] == queued["id"]), None))
+    assert record["sink"] == "speaker" and record["audio_ms"] > 1000  # "kitchen" too
+    assert_speech(pcm16(herald.alsa.pcm()[before:]), 22050,
+                  min_seconds=record["audio_ms"] / 1000 * 0.9)
 
 
 # --------------------------------------------------------------------------- status of all work
