@@ -242,6 +242,35 @@ def test_work_on_every_front_moves_the_status_and_latency_sensors(herald: Herald
     assert latency in records
 
 
+# --------------------------------------------------------------------------- logs
+
+
+def test_every_log_line_about_a_request_carries_its_id(herald: Herald, client: Client) -> None:
+    """README's ``journalctl -u herald HERALD_REQUEST_ID=<id>``: herald's handler (journald
+    under systemd, stderr here; the same filter fills HERALD_REQUEST_ID and the ``[id]``
+    prefix) must get the id from the request being served, on every front."""
+    since = len(client.msgs)
+    client.say(id="logged-mqtt", text="Log me.", sinks=["mqtt"])
+    assert client.wait_event("logged-mqtt")["event"] == "finished"
+    status, headers, _ = herald.http("/tts", {"text": "Log me."})
+    assert status == 200
+    http_id = headers["X-Herald-Id"]
+    assert herald.wyoming(Synthesize(text="Log me."))[-1].type == "audio-stop"
+    wyoming_id = client.wait(lambda ms: next((m.json()["id"] for m in ms[since:]
+                                              if m.topic == f"{BASE}/latency"
+                                              and m.json()["front"] == "wyoming"), None))
+    herald.wait_log(f"[{wyoming_id}] {wyoming_id} ", 30)  # its latency line is written
+    lines = herald.output().splitlines()
+    for rid, expected in (("logged-mqtt", ("queued from mqtt", "started", "via mqtt->mqtt")),
+                          (http_id, ("via http->http",)),
+                          (wyoming_id, ("via wyoming->wyoming",))):
+        tagged = [line for line in lines if f"[{rid}]" in line]
+        for text in expected:
+            assert any(text in line for line in tagged), (rid, text, tagged)
+        # No line names the request without carrying its id.
+        assert [line for line in lines if rid in line and f"[{rid}]" not in line] == []
+
+
 def test_voice_and_volume_survive_a_restart(tmp_path: Path, voices: tuple[Path, str]) -> None:
     (tmp_path / "broker").mkdir()
     broker = Broker(free_port(), tmp_path / "broker")

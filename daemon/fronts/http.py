@@ -37,6 +37,7 @@ from tts.audio import AudioFormat, wav_stream_header
 from tts.text import MarkupError, TextFormat, parse_ssml
 
 from ..context import Context
+from ..logcontext import current_request
 from ..metrics import LatencyRecord, Timeline
 from ..request import (
     NOTHING_TO_SAY,
@@ -438,6 +439,7 @@ class HttpFront:
         one line logs how far it got, and the exception goes on up to end the handler, which
         returns quietly (aiohttp has nothing left to send)."""
         self.ctx.status.begin(run.id, self.name)
+        token = current_request.set(run.id)  # this handler's log lines are about the run
         try:
             yield
         except (ConnectionError, asyncio.CancelledError):
@@ -448,6 +450,7 @@ class HttpFront:
         finally:
             if run.answered:
                 self._record(run)
+            current_request.reset(token)
             self.ctx.status.end(run.id)
 
     async def _synthesize_all(self, run: _Run) -> bytes:

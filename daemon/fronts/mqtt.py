@@ -35,6 +35,7 @@ from tts import VoiceError
 from ..context import Context
 from ..discovery import discovery_payload
 from ..hermes import parse_hermes_play, parse_hermes_say, play_finished, say_finished
+from ..logcontext import request_context
 from ..metrics import LatencyRecord, Timeline
 from ..request import (
     Limits,
@@ -199,7 +200,8 @@ class MqttFront:
         self.publish(self.topics.event, json.dumps(payload), 1, False)
 
     def _error(self, topic: str, message: str, request_id: str | None = None) -> None:
-        log.warning("MQTT %s: %s", topic, message)
+        with request_context(request_id):
+            log.warning("MQTT %s: %s", topic, message)
         self.ctx.metrics.request(self.name, "rejected")
         ev: dict[str, Any] = {"event": "error"}
         if request_id is not None:

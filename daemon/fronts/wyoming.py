@@ -76,6 +76,7 @@ from tts.compose import Planner, Step
 from tts.text import MarkupError, TextFormat, parse_ssml
 
 from ..context import Context
+from ..logcontext import current_request
 from ..metrics import LatencyRecord, Timeline
 from ..request import (
     EmptyText,
@@ -240,6 +241,10 @@ class _AudioOut:
         self._started = False
         self._closed = False
         conn.ctx.status.begin(self.id, FRONT)  # speaking, until close()
+        # The connection's log lines are about this request from now on (its refusal, which
+        # fail() logs after the request's code has returned, included), and so are those of
+        # the tasks it starts (a text stream's speaker).
+        current_request.set(self.id)
 
     def set_voice(self, voice: str, options: SynthesisOptions) -> None:
         self.voice = voice
