@@ -216,7 +216,6 @@ class Service:
         from .broker import EmbeddedBroker
         from .fronts.mqtt import MqttFront
         from .sinks.mqtt_audio import MqttAudioSink
-        from .topics import Topics
 
         s = self.settings
         assert self.ctx is not None and self.scheduler is not None
@@ -225,7 +224,7 @@ class Service:
             await self._start_part(EmbeddedBroker(s.mqtt.port))
             if s.mqtt.protocol != "3.1.1":
                 mqtt_settings = s.mqtt.model_copy(update={"protocol": "3.1.1"})
-        topics = Topics(s.base_topic, s.device_id, s.mqtt.discovery.prefix)
+        topics = s.topics()
         front = MqttFront(mqtt_settings, self.ctx, topics, s.client_id, self.scheduler,
                           host=s.mqtt.host or "127.0.0.1")
         self.scheduler.register_sink(MqttAudioSink(front.publish, topics, s.mqtt.audio))

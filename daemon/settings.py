@@ -46,6 +46,7 @@ from .fronts.http import HttpSettings
 from .fronts.wyoming import WyomingSettings
 from .request import RATE_RANGE
 from .sinks.speaker import SpeakerSettings
+from .topics import Topics
 
 ENV_PREFIX = "HERALD_"
 CONFIG_LOCATIONS = (Path("herald.toml"), Path("/etc/herald/herald.toml"))
@@ -237,6 +238,13 @@ class Settings(BaseSettings):
     @property
     def base_topic(self) -> str:
         return self.mqtt.base_topic or f"herald/{self.device_id}"
+
+    def topics(self, device_id: str | None = None) -> Topics:
+        """The MQTT topics of the daemon these settings describe (``device_id``: another
+        daemon's id, as ``herald say --device-id`` names it): the daemon and every client
+        of it derive them here, so they agree on ``mqtt.base_topic`` too."""
+        s = self if device_id is None else self.model_copy(update={"device_id": device_id})
+        return Topics(s.base_topic, s.device_id, s.mqtt.discovery.prefix)
 
     @property
     def client_id(self) -> str:
