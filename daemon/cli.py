@@ -105,7 +105,8 @@ def _parser() -> argparse.ArgumentParser:
                        "(repeatable), besides the config's voices.directories")
         q.add_argument("--config", type=Path, metavar="FILE",
                        help="config whose [voices] directories and default are used (default: "
-                       "./herald.toml or /etc/herald/herald.toml if present), as `run` reads")
+                       "./herald.toml or /etc/herald/herald.toml if present), as `run` reads; "
+                       "for `say --mqtt`, whose device_id and mqtt.base_topic name the topics")
 
     threads = _like_setting(VoicesSettings, "threads")
     say = sub.add_parser(
@@ -138,7 +139,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="publish to a running daemon's `say` topic instead of speaking here "
                      "(port default 1883) and wait until it has spoken; --voice, --speaker, "
                      "--ssml, --length-scale, --noise-scale and --noise-w go with the request")
-    say.add_argument("--device-id", help="daemon's device id for --mqtt (default: hostname)")
+    say.add_argument("--device-id", help="daemon's device id for --mqtt (default: the "
+                     "config's device_id, else the hostname); its topics follow the config's "
+                     "mqtt.base_topic as the daemon's do")
     voice_dir(say)
     say.add_argument("--threads", type=threads, metavar="N",
                      help="torch threads, 1-64 (default: 2 where there are two cores or "
@@ -215,7 +218,7 @@ def _read_text(arg: str) -> str | None:
 
 # Options that only mean something when herald speaks here, not when --mqtt asks a daemon.
 _LOCAL_ONLY = {"out": "--out", "device": "--device", "voice_dir": "--voice-dir",
-               "config": "--config", "threads": "--threads", "gain": "--gain"}
+               "threads": "--threads", "gain": "--gain"}
 
 
 def _cmd_say(args: argparse.Namespace) -> int:
@@ -237,12 +240,18 @@ def _cmd_say(args: argparse.Namespace) -> int:
         return 2
     if args.mqtt:
         from .say_remote import publish_say
+        from .settings import load_settings
 
         # The `say` fields for the options a request carries (None: the daemon's defaults).
         fields = {k: v for k, v in (("speaker", args.speaker), ("rate", args.length_scale),
                                     ("noise_scale", args.noise_scale),
                                     ("noise_w", args.noise_w)) if v is not None}
-        return publish_say(args.mqtt, args.device_id, text, args.voice,
+        try:  # the daemon's own settings: its topics are derived from them as it does
+            settings = load_settings(args.config)
+        except ConfigError as e:
+            print(f"herald say: config error: {e}", file=sys.stderr)
+            return 2
+        return publish_say(args.mqtt, settings, args.device_id, text, args.voice,
                            text_format="ssml" if args.ssml else "text", fields=fields)
     set_threads(args.threads or default_threads())
     # The composer, as the daemon speaks: sentences, bracket tags or SSML, other languages

@@ -5,6 +5,18 @@ the origin (``o``) and every entity (``cmps``) at once, so HA creates a herald d
 a notify entity (say), a stop button, a voice select, a volume number and sensors for state,
 queue length, last time-to-first-audio and real-time factor. All entities share herald's
 availability topic, so they go unavailable when herald's last will fires.
+
+Two things Home Assistant does not do the way one would guess:
+
+* It does not pass the device-level ``qos`` down to the components: each component with a
+  command or state topic carries its own ``qos: 1``, or HA would publish ``say``, ``stop``
+  and ``set/*`` (and subscribe to the status) at QoS 0, and a command sent while the broker
+  connection blips would be lost.
+* The notify entity publishes the message as it is, so a message that happens to begin with
+  ``{`` ("{kitchen} timer done.") would reach ``say`` looking like malformed JSON. Its
+  ``command_template`` wraps the message in a JSON ``say`` instead. HA renders that template
+  with the message as ``value`` only (the notify entity drops the title), so the title cannot
+  be spoken from here.
 """
 
 from __future__ import annotations
@@ -19,6 +31,11 @@ from .topics import Topics
 _LAST = "value_json.last_latency"
 
 
+# The notify message as a JSON ``say`` (Jinja's ``tojson`` quotes and escapes it), so no
+# message is ever mistaken for JSON of its own.
+NOTIFY_TEMPLATE = '{"text": {{ value | tojson }}}'
+
+
 def _latency_template(key: str) -> str:
     return f"{{{{ {_LAST}.{key} if {_LAST} else None }}}}"
 
@@ -28,12 +45,13 @@ def discovery_payload(topics: Topics, version: str, voices: Sequence[str],
     uid = f"herald_{topics.device_id}"
 
     def entity(key: str, platform: str, name: str, **options: Any) -> dict[str, Any]:
-        return {"p": platform, "unique_id": f"{uid}_{key}", "name": name, **options}
+        qos = {"qos": 1} if "command_topic" in options or "state_topic" in options else {}
+        return {"p": platform, "unique_id": f"{uid}_{key}", "name": name, **options, **qos}
 
     status = {"state_topic": topics.status}
     components = {
-        "say": entity("say", "notify", "Say", command_topic=topics.say, retain=False,
-                      icon="mdi:account-voice"),
+        "say": entity("say", "notify", "Say", command_topic=topics.say,
+                      command_template=NOTIFY_TEMPLATE, retain=False, icon="mdi:account-voice"),
         "stop": entity("stop", "button", "Stop", command_topic=topics.stop,
                        payload_press="PRESS", retain=False, icon="mdi:stop"),
         "voice": entity("voice", "select", "Voice", command_topic=topics.set_voice,

@@ -18,8 +18,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 from .request import new_id
-from .settings import hostname_device_id
-from .topics import Topics
+from .settings import Settings
 
 ANSWER_TIMEOUT = 10.0  # seconds to hear `queued` from a daemon
 CHARS_PER_SECOND = 5.0  # generous speaking budget beyond the answer
@@ -35,18 +34,19 @@ def split_host_port(value: str, default_port: int = 1883) -> tuple[str, int]:
         raise ValueError(f"--mqtt {value!r}: expected HOST or HOST:PORT") from None
 
 
-def publish_say(host_port: str, device_id: str | None, text: str, voice: str | None,
-                timeout: float | None = None, text_format: str = "text",
+def publish_say(host_port: str, settings: Settings, device_id: str | None, text: str,
+                voice: str | None, timeout: float | None = None, text_format: str = "text",
                 fields: Mapping[str, Any] | None = None) -> int:
     """0 when the daemon finished speaking; 1 on error/stop/timeout; 2 when unreachable.
+    The topics come from ``settings`` (the daemon's configuration: ``mqtt.base_topic``,
+    ``device_id``) as the daemon derives them; ``device_id`` names another daemon.
     ``fields``: more `say` JSON fields (speaker, rate, noise_scale, noise_w)."""
     try:
         host, port = split_host_port(host_port)
     except ValueError as e:
         print(f"herald say: {e}", file=sys.stderr)
         return 2
-    device = device_id or hostname_device_id()
-    topics = Topics(f"herald/{device}", device)
+    topics = settings.topics(device_id)
     rid = new_id()
     events: queue.Queue[dict[str, Any]] = queue.Queue()
     subscribed = queue.Queue[bool]()

@@ -31,6 +31,7 @@ from tts import AudioChunk, AudioFormat, SynthesisOptions, to_pcm16
 from tts.compose import Step
 
 from .engine import Engine
+from .logcontext import context_for, request_context
 from .metrics import LatencyRecord, Metrics, Timeline
 from .request import NOTHING_TO_SAY, Request, RequestError
 from .settings import SchedulerSettings
@@ -205,8 +206,9 @@ class Scheduler:
         lane.waiting.sort(key=Utterance.sort_key)
         what = (f"{len(req.audio) / 2 / req.audio_rate:.1f} s of audio" if req.audio is not None
                 else f"{len(req.text)} chars, voice {req.voice}")
-        log.info("%s queued from %s for %s (%s, priority %d, %s)", req.id, req.front,
-                 "+".join(req.sinks), what, req.priority, req.mode)
+        with request_context(req.id):
+            log.info("%s queued from %s for %s (%s, priority %d, %s)", req.id, req.front,
+                     "+".join(req.sinks), what, req.priority, req.mode)
         self._emit("queued", req)
         if req.mode == "interrupt":
             for other in list(lane.running):
@@ -278,7 +280,8 @@ class Scheduler:
         while lane.waiting and len(lane.running) < lane.slots and not self._closing:
             utt = lane.waiting.pop(0)
             lane.running.append(utt)
-            utt.player = asyncio.create_task(self._play(utt), name=f"herald-play-{utt.req.id}")
+            utt.player = asyncio.create_task(self._play(utt), name=f"herald-play-{utt.req.id}",
+                                             context=context_for(utt.req.id))
         if (lane.prefetch and lane.waiting and lane.waiting[0].producer is None
                 and not any(u.producer for u in lane.waiting)):
             self._start_producer(lane.waiting[0])
@@ -294,7 +297,8 @@ class Scheduler:
             utt.producer.cancel()
         if utt.req.stream:
             utt.req.stream.fail(RequestError("stopped"))
-        log.info("%s stopped before it started", utt.req.id)
+        with request_context(utt.req.id):
+            log.info("%s stopped before it started", utt.req.id)
         self.metrics.request(utt.req.front, "stopped")
         self._emit("stopped", utt.req)
         if not utt.done.done():
@@ -319,7 +323,8 @@ class Scheduler:
         utt.fmt = self.engine.audio_format(utt.req.voice)
         utt.buffer = AudioBuffer(int(self.settings.buffer_seconds * utt.fmt.rate))
         utt.req.timeline.started = time.monotonic()
-        utt.producer = asyncio.create_task(self._produce(utt), name=f"herald-synth-{utt.req.id}")
+        utt.producer = asyncio.create_task(self._produce(utt), name=f"herald-synth-{utt.req.id}",
+                                           context=context_for(utt.req.id))
 
     async def _produce(self, utt: Utterance) -> None:
         req, buffer = utt.req, utt.buffer

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from tts import SynthesisOptions, VoiceCatalog, VoiceError
+from tts import SynthesisOptions, UnknownVoice, VoiceCatalog, VoiceError
 
 from . import __version__
 from .context import Context
@@ -29,6 +29,7 @@ from .engine import Engine, EngineSettings
 from .metrics import Metrics
 from .scheduler import Scheduler
 from .settings import ConfigError, Settings, load_settings
+from .state import STATE_FILE, DeviceState, state_directory
 
 _systemd: Any
 try:  # written separately; until it exists the hooks are no-ops
@@ -172,19 +173,26 @@ class Service:
                                                 workers=s.voices.workers,
                                                 keep_warm=s.voices.keep_warm))
         metrics = Metrics()
-        self.ctx = ctx = Context(engine, metrics, __version__)
+        state = DeviceState.load(state_directory(s.state.directory) / STATE_FILE,
+                                 catalog.default, s.speaker.volume,
+                                 lambda name: _installed(engine, name))
+        self.ctx = ctx = Context(engine, metrics, __version__, state=state)
         self.workers_ended = False
         notify_status(f"loading voice {catalog.default}")
         await engine.preload(catalog.default)
+        if state.voice != catalog.default:
+            await engine.preload(state.voice)
         engine.keep_warm()
 
         speaker = None
         if s.speaker.enabled:
             from .sinks.speaker import SpeakerSink
 
-            candidate = SpeakerSink(s.speaker, metrics)
+            candidate = SpeakerSink(s.speaker.model_copy(update={"volume": state.volume}),
+                                    metrics)
             if await self._start_part(candidate):
                 speaker = candidate
+                state.add_listener(lambda st: setattr(candidate, "volume", st.volume))
         syn = s.synthesis
         ctx.synthesis = SynthesisOptions(
             length_scale=syn.length_scale, noise_scale=syn.noise_scale, noise_w=syn.noise_w,
@@ -192,8 +200,10 @@ class Service:
             paragraph_silence=syn.paragraph_silence)
         self.scheduler = Scheduler(engine, metrics, s.scheduler, ctx.synthesis, speaker)
         ctx.scheduler = self.scheduler
+        ctx.status.scheduler = self.scheduler
         self.scheduler.on_progress = watchdog_progress
         self.scheduler.add_listener(lambda ev: self._status())
+        ctx.status.add_listener(self._status)
 
         if s.mqtt.enabled:
             await self._start_mqtt()
@@ -210,7 +220,6 @@ class Service:
         from .broker import EmbeddedBroker
         from .fronts.mqtt import MqttFront
         from .sinks.mqtt_audio import MqttAudioSink
-        from .topics import Topics
 
         s = self.settings
         assert self.ctx is not None and self.scheduler is not None
@@ -219,7 +228,7 @@ class Service:
             await self._start_part(EmbeddedBroker(s.mqtt.port))
             if s.mqtt.protocol != "3.1.1":
                 mqtt_settings = s.mqtt.model_copy(update={"protocol": "3.1.1"})
-        topics = Topics(s.base_topic, s.device_id, s.mqtt.discovery.prefix)
+        topics = s.topics()
         front = MqttFront(mqtt_settings, self.ctx, topics, s.client_id, self.scheduler,
                           host=s.mqtt.host or "127.0.0.1")
         self.scheduler.register_sink(MqttAudioSink(front.publish, topics, s.mqtt.audio))
@@ -254,15 +263,23 @@ class Service:
             log.error("%s failed to stop cleanly: %s", name, e)
 
     def _status(self) -> None:
-        if self.scheduler is None:
+        if self.ctx is None:
             return
-        snap = self.scheduler.snapshot()
+        snap = self.ctx.status.snapshot()
         text = f"{snap['state']}, {snap['queue']} queued"
         if self.mqtt is not None:
             text += ", MQTT " + ("connected" if self.mqtt.connected else "disconnected")
         if text != self._last_status:
             self._last_status = text
             notify_status(text)
+
+
+def _installed(engine: Engine, name: str) -> str | None:
+    """The installed voice a saved name stands for; None if there is none any more."""
+    try:
+        return engine.resolve_voice(name)
+    except UnknownVoice:
+        return None
 
 
 def run(config_path: Path | None, overrides: list[str]) -> int:

@@ -46,6 +46,7 @@ from .fronts.http import HttpSettings
 from .fronts.wyoming import WyomingSettings
 from .request import RATE_RANGE
 from .sinks.speaker import SpeakerSettings
+from .topics import Topics
 
 ENV_PREFIX = "HERALD_"
 CONFIG_LOCATIONS = (Path("herald.toml"), Path("/etc/herald/herald.toml"))
@@ -195,6 +196,18 @@ class MqttSettings(_Section):
         return _check_topic(v, "base topic") if v else v
 
 
+class StateSettings(_Section):
+    # Where the device state (default voice, volume set at run time) is kept across
+    # restarts. None: $STATE_DIRECTORY (systemd's StateDirectory=), else
+    # $XDG_STATE_HOME/herald or ~/.local/state/herald (daemon.state).
+    directory: Path | None = None
+
+    @field_validator("directory", mode="before")
+    @classmethod
+    def _empty_is_none(cls, v: Any) -> Any:
+        return None if v == "" else v
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__",
                                       case_sensitive=False, extra="forbid")
@@ -208,6 +221,7 @@ class Settings(BaseSettings):
     speaker: SpeakerSettings = Field(default_factory=SpeakerSettings)
     wyoming: WyomingSettings = Field(default_factory=WyomingSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    state: StateSettings = Field(default_factory=StateSettings)
 
     @field_validator("device_id")
     @classmethod
@@ -224,6 +238,13 @@ class Settings(BaseSettings):
     @property
     def base_topic(self) -> str:
         return self.mqtt.base_topic or f"herald/{self.device_id}"
+
+    def topics(self, device_id: str | None = None) -> Topics:
+        """The MQTT topics of the daemon these settings describe (``device_id``: another
+        daemon's id, as ``herald say --device-id`` names it): the daemon and every client
+        of it derive them here, so they agree on ``mqtt.base_topic`` too."""
+        s = self if device_id is None else self.model_copy(update={"device_id": device_id})
+        return Topics(s.base_topic, s.device_id, s.mqtt.discovery.prefix)
 
     @property
     def client_id(self) -> str:

@@ -31,12 +31,15 @@ import sys
 import time
 from collections.abc import Callable
 
+from .logcontext import RequestIdFilter
+
 log = logging.getLogger("herald.systemd")
 
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 
-# Log record attributes (``log.info(..., extra={"request_id": ...})``) that become journal
-# fields, so ``journalctl -u herald HERALD_REQUEST_ID=abc`` finds one request's lines.
+# Log record attributes that become journal fields, so ``journalctl -u herald
+# HERALD_REQUEST_ID=abc`` finds one request's lines. ``request_id`` is set from the request
+# being served (daemon.logcontext); the others only where a call passes them in ``extra``.
 JOURNAL_FIELDS = {
     "request_id": "HERALD_REQUEST_ID",
     "front": "HERALD_FRONT",
@@ -196,10 +199,12 @@ def under_systemd() -> bool:
     return bool(os.environ.get("INVOCATION_ID"))
 
 
-class _JournalFields(logging.Filter):
-    """Copies ``request_id`` & co. onto the record under their journal field names."""
+class _JournalFields(RequestIdFilter):
+    """Copies ``request_id`` & co. onto the record under their journal field names; the
+    request id comes from the log context (``daemon.logcontext``) where the call passed none."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        super().filter(record)
         for attr, field in JOURNAL_FIELDS.items():
             value = record.__dict__.get(attr)
             if value is not None:

@@ -78,8 +78,12 @@ def stop_all_still_running(heralds: Iterable[HeraldProcess], why: str) -> None:
 
 def start_herald(config: Path, log: Path, env: dict[str, str] | None = None) -> HeraldProcess:
     """``herald run --config CONFIG``, its output into ``log``. Doesn't wait: a test waits
-    for what it needs (online on MQTT, a log line)."""
+    for what it needs (online on MQTT, a log line). Its state directory is beside the config
+    (as systemd's ``StateDirectory=`` gives one), unless ``env`` names another: one test's
+    ``set/voice`` never reaches another test's daemon."""
+    env = dict(env if env is not None else herald_env())
+    env.setdefault("STATE_DIRECTORY", str(config.parent / "state"))
     proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "run", "--config", str(config)],
-                            cwd=ROOT, env=env if env is not None else herald_env(),
+                            cwd=ROOT, env=env,
                             stdout=log.open("wb"), stderr=subprocess.STDOUT)
     return HeraldProcess(proc, log)

@@ -87,3 +87,20 @@ def export_like_piper(model: Vits, path: Path) -> None:
                     name=f"/dec/resblocks.{block}/{conv}.{m}/Conv", dilations=[d]))
     graph = helper.make_graph(nodes, "vits", [], [], initializer=inits)
     onnx.save(helper.make_model(graph), str(path))
+
+
+def install_test_voice(directory: Path, name: str = "xx_XX-test-x_low") -> str:
+    """A second installed voice (random weights, 16 kHz, language xx_XX) in ``directory``,
+    so that a test can tell which voice spoke by the audio's sample rate."""
+    import json
+
+    from tts import VoiceCatalog
+
+    directory.mkdir(parents=True, exist_ok=True)
+    export_like_piper(random_model(VARIANTS["x_low"]), directory / f"{name}.onnx")
+    default = VoiceCatalog().resolve(None)
+    config = json.loads(default.config_path.read_text())
+    config["audio"] = {"sample_rate": 16000, "quality": "x_low"}
+    config["language"] = {"code": "xx_XX"}
+    (directory / f"{name}.onnx.json").write_text(json.dumps(config))
+    return name

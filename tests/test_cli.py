@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from audio_checks import assert_pcm_close, assert_speech, pcm16
-from conftest import ROOT, voices_of_default
+from conftest import ROOT, AlsaFile, Broker, voices_of_default
+from herald_process import herald_env, start_herald
+from mqtt_client import Client
 
 from daemon.cli import main
 
@@ -230,3 +232,37 @@ def test_readme_lists_the_options_say_takes() -> None:
     help_text = run("say", "--help").stdout
     in_help = set(re.findall(r"^  (--[\w-]+)", help_text, re.M))
     assert in_readme == in_help - {"--help", "--verbose"}
+
+
+def test_say_mqtt_finds_the_daemon_under_its_configured_base_topic(
+        tmp_path: Path, broker: Broker, alsa_file: AlsaFile) -> None:
+    """`herald say --mqtt` derives the topics from the same settings, with the same code, as
+    the daemon: with mqtt.base_topic set, it used to publish to herald/<hostname>/say."""
+    base = "home/speakers/kitchen"
+    config = tmp_path / "herald.toml"
+    config.write_text(f"""
+device_id = "kitchen"
+[mqtt]
+host = "127.0.0.1"
+port = {broker.port}
+base_topic = "{base}"
+[wyoming]
+enabled = false
+[http]
+enabled = false
+""")
+    herald = start_herald(config, tmp_path / "herald.log", herald_env(base=alsa_file.env))
+    watcher = Client(broker.port, topics=(f"{base}/#",))
+    try:
+        watcher.wait(lambda ms: any(m.topic == f"{base}/availability" and m.payload == b"online"
+                                    for m in ms), 60, "herald online under its base topic")
+        out = subprocess.run([sys.executable, "-m", "daemon.cli", "say", "--mqtt",
+                              f"127.0.0.1:{broker.port}", "--config", str(config),
+                              "The base topic is mine."], cwd=ROOT, env=herald_env(),
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert "finished" in out.stdout
+        assert [m.topic for m in watcher.msgs if m.topic.endswith("/say")] == [f"{base}/say"]
+    finally:
+        watcher.close()
+        herald.kill()

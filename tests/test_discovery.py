@@ -142,3 +142,24 @@ def test_topics_refuse_wildcards() -> None:
         TOPICS.audio_chunk("a/b", 0)
     assert TOPICS.audio_chunk("r1", 3) == "herald/kitchen/audio/r1/chunk/3"
     assert TOPICS.will() == ("herald/kitchen/availability", "offline", 1, True)
+
+
+def test_every_component_with_a_topic_carries_its_own_qos() -> None:
+    """Home Assistant does not hand the device-level qos down to the components: without
+    their own, it publishes say/stop/set at QoS 0 and subscribes to the status at QoS 0."""
+    components = {k: expand(v) for k, v in expand(payload())["components"].items()}
+    with_topics = {k: c for k, c in components.items()
+                   if "command_topic" in c or "state_topic" in c}
+    assert set(with_topics) == set(components)  # every herald entity has one
+    assert {k: c.get("qos") for k, c in with_topics.items()} == {k: 1 for k in with_topics}
+
+
+def test_notify_sends_its_message_as_a_json_say() -> None:
+    """The notify entity renders its command_template with the message as ``value`` (Home
+    Assistant's Jinja has ``tojson``); the result is a JSON `say` whatever the message holds."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    say = expand(payload()["cmps"]["say"])
+    template = ImmutableSandboxedEnvironment().from_string(say["command_template"])
+    for message in ("{kitchen} timer done.", '{"text": "not me"}', "Tom & Jerry's <b>", "ü\n"):
+        assert json.loads(template.render(value=message)) == {"text": message}

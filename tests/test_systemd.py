@@ -276,6 +276,54 @@ print(json.dumps({"handler": type(handler).__name__, "datagram": sock.recv(65536
 """
 
 
+CONTEXT_SCRIPT = """
+import asyncio, json, logging, socket
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+sock.bind("/run/systemd/journal/socket")
+from daemon.logcontext import context_for, request_context
+from daemon.systemd import setup_logging
+setup_logging("INFO")
+log = logging.getLogger("herald.test")
+with request_context("req-8"):
+    log.info("in a front")
+async def work():
+    log.info("in the request's task")
+async def main():
+    await asyncio.create_task(work(), context=context_for("req-9"))
+    log.info("outside any request")
+asyncio.run(main())
+sock.settimeout(5)
+print(json.dumps([sock.recv(65536).hex() for _ in range(3)]))
+"""
+
+
+def run_with_private_journal(script: str) -> str:
+    """``script``'s output, run with a private /run/systemd whose journal socket it binds."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare(1) for a private /run/systemd")
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no mount namespaces here: {probe.stderr.decode().strip()}")
+    env = dict(os.environ, INVOCATION_ID="0123456789abcdef0123456789abcdef")
+    env.pop("JOURNAL_STREAM", None)
+    shell = ("mount -t tmpfs tmpfs /run/systemd && mkdir /run/systemd/journal && "
+             f'exec "{sys.executable}" -c "$0"')
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", shell, script], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_journald_gets_the_request_id_from_the_log_context() -> None:
+    """No call site passes ``extra=``: the request being served gives the journal its
+    HERALD_REQUEST_ID, in the front's code and in the tasks started for the request."""
+    datagrams = json.loads(run_with_private_journal(CONTEXT_SCRIPT))
+    fields = [parse_journal_datagram(bytes.fromhex(d)) for d in datagrams]
+    assert [(f["MESSAGE"], f.get("HERALD_REQUEST_ID")) for f in fields] == [
+        ("in a front", "req-8"), ("in the request's task", "req-9"),
+        ("outside any request", None)]
+
+
 def test_journald_gets_herald_fields(tmp_path: Path) -> None:
     # A private mount namespace with its own /run/systemd, so the test's journald socket
     # is the one libsystemd writes to, without touching the machine's.

@@ -138,3 +138,25 @@ async def test_page_asks_for_the_token_and_shows_errors(engine, browser) -> None
         assert "⚠" in await page.locator("#history tr td.text").inner_text()
     finally:
         await front.stop()
+
+
+async def test_page_keeps_only_the_last_requests(engine, browser) -> None:  # type: ignore[no-untyped-def]
+    """A kiosk page stays open for months: window.heraldStats must not keep every request
+    (with its waveform peaks) forever. Refused requests are cheap to make many of."""
+    front = await serve(engine, max_text_chars=5)
+    try:
+        page = await browser.new_page()
+        await page.goto(f"http://127.0.0.1:{front.port}/")
+        await page.wait_for_function("window.heraldStats.voices.length > 0")
+        kept = await page.evaluate("window.heraldStats.kept")
+        assert kept == 50
+        for i in range(kept + 5):
+            await page.fill("#text", f"request number {i}")
+            await page.click("#speak")
+            await page.wait_for_function(
+                f"window.heraldStats.last && window.heraldStats.last.text === 'request number {i}'"
+                " && window.heraldStats.last.status === 413")
+        texts = await page.evaluate("window.heraldStats.requests.map(r => r.text)")
+        assert texts == [f"request number {i}" for i in range(5, kept + 5)]
+    finally:
+        await front.stop()

@@ -37,6 +37,7 @@ from tts.audio import AudioFormat, wav_stream_header
 from tts.text import MarkupError, TextFormat, parse_ssml
 
 from ..context import Context
+from ..logcontext import current_request
 from ..metrics import LatencyRecord, Timeline
 from ..request import (
     NOTHING_TO_SAY,
@@ -320,7 +321,7 @@ class HttpFront:
         checked against it (400)."""
         engine = self.ctx.engine
         try:
-            voice = engine.resolve_voice(name)
+            voice = engine.resolve_voice(name, default=self.ctx.state.voice)
         except UnknownVoice as e:
             raise ApiError(404, str(e), reason="unknown_voice") from None
         try:
@@ -432,10 +433,13 @@ class HttpFront:
 
     @contextlib.contextmanager
     def _measured(self, run: _Run) -> Iterator[None]:
-        """Files the utterance's latency record, however it ends. A client that went away
+        """Files the utterance's latency record, however it ends, and shows the utterance in
+        the device status while it runs. A client that went away
         (``ConnectionError``, or its handler cancelled) is no error: the record says stopped,
         one line logs how far it got, and the exception goes on up to end the handler, which
         returns quietly (aiohttp has nothing left to send)."""
+        self.ctx.status.begin(run.id, self.name)
+        token = current_request.set(run.id)  # this handler's log lines are about the run
         try:
             yield
         except (ConnectionError, asyncio.CancelledError):
@@ -446,6 +450,8 @@ class HttpFront:
         finally:
             if run.answered:
                 self._record(run)
+            current_request.reset(token)
+            self.ctx.status.end(run.id)
 
     async def _synthesize_all(self, run: _Run) -> bytes:
         """The whole utterance as PCM (for a WAV with exact sizes, or a ZIP entry)."""
@@ -526,7 +532,7 @@ class HttpFront:
 
     async def _voices(self, request: web.Request) -> web.Response:
         catalog = self.ctx.engine.catalog
-        return web.json_response([i.summary(i.name == catalog.default)
+        return web.json_response([i.summary(i.name == self.ctx.state.voice)
                                   for i in catalog.infos()])
 
     async def _healthz(self, request: web.Request) -> web.Response:

@@ -35,6 +35,7 @@ from tts import VoiceError
 from ..context import Context
 from ..discovery import discovery_payload
 from ..hermes import parse_hermes_play, parse_hermes_say, play_finished, say_finished
+from ..logcontext import request_context
 from ..metrics import LatencyRecord, Timeline
 from ..request import (
     Limits,
@@ -85,10 +86,6 @@ class MqttFront:
         self.client_id = client_id
         self.scheduler = scheduler
         self.host = host or settings.host or "127.0.0.1"
-        self.voice = ctx.engine.catalog.default  # runtime default, changed by set/voice
-        speaker = scheduler.speaker if scheduler else None
-        self.volume = speaker.volume if speaker else 1.0
-        self.last_latency: dict[str, Any] | None = None
         self.connected = False
         self._client: mqtt.Client | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -106,6 +103,8 @@ class MqttFront:
         if scheduler:
             scheduler.add_listener(self._on_event)
         ctx.metrics.add_listener(self._on_latency)
+        # Device state, work on every front, every latency record: each republishes the status.
+        ctx.status.add_listener(self.publish_status)
 
     def _play_bytes_topic(self) -> str | None:
         """The Hermes audio server topic we take WAVs on (None: Hermes off or unusable)."""
@@ -188,11 +187,7 @@ class MqttFront:
         return self._client.publish(topic, payload, qos, retain)
 
     def publish_status(self) -> None:
-        snap = self.scheduler.snapshot() if self.scheduler else {
-            "state": "idle", "queue": 0, "current_id": None}
-        status = {**snap, "voice": self.voice, "volume": self.volume,
-                  "version": self.ctx.version, "last_latency": self.last_latency}
-        self.publish(self.topics.status, json.dumps(status), 1, True)
+        self.publish(self.topics.status, json.dumps(self.ctx.status.snapshot()), 1, True)
 
     def publish_discovery(self) -> None:
         if not self.settings.discovery.enabled:
@@ -205,7 +200,8 @@ class MqttFront:
         self.publish(self.topics.event, json.dumps(payload), 1, False)
 
     def _error(self, topic: str, message: str, request_id: str | None = None) -> None:
-        log.warning("MQTT %s: %s", topic, message)
+        with request_context(request_id):
+            log.warning("MQTT %s: %s", topic, message)
         self.ctx.metrics.request(self.name, "rejected")
         ev: dict[str, Any] = {"event": "error"}
         if request_id is not None:
@@ -327,7 +323,7 @@ class MqttFront:
 
     def _resolve_voice(self, name: str | None) -> str:
         """A voice name or language; none: the default set on ``set/voice``."""
-        return self.ctx.engine.resolve_voice(name, default=self.voice)
+        return self.ctx.engine.resolve_voice(name, default=self.ctx.state.voice)
 
     def _scheduler(self, request_id: str | None = None) -> Scheduler:
         if self.scheduler is None:
@@ -465,11 +461,8 @@ class MqttFront:
         if not 0.0 <= value <= 1.0:
             shown = repr(text) if text is not None else f"{len(payload)} bytes"
             raise RequestError(f"volume must be a number from 0 to 1 (got {shown})")
-        self.volume = value
-        if self.scheduler and self.scheduler.speaker:
-            self.scheduler.speaker.volume = value
         log.info("MQTT: volume set to %.2f", value)
-        self.publish_status()
+        self.ctx.state.set_volume(value)  # the speaker and the status follow
 
     def _on_voice(self, payload: bytes, t: Timeline) -> None:
         text = decode_text(payload).strip()
@@ -486,9 +479,8 @@ class MqttFront:
             voice = self._resolve_voice(text)
         except VoiceError as e:
             raise RequestError(str(e)) from None
-        self.voice = voice
         log.info("MQTT: default voice set to %s", voice)
-        self.publish_status()
+        self.ctx.state.set_voice(voice)  # the status follows
         self._spawn(self._preload(voice))
 
     async def _preload(self, voice: str) -> None:
@@ -551,8 +543,7 @@ class MqttFront:
         self.publish_status()
 
     def _on_latency(self, rec: LatencyRecord) -> None:
-        self.last_latency = rec.as_dict()
-        self.publish(self.topics.latency, json.dumps(self.last_latency), 1, False)
+        self.publish(self.topics.latency, json.dumps(rec.as_dict()), 1, False)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

@@ -76,6 +76,7 @@ from tts.compose import Planner, Step
 from tts.text import MarkupError, TextFormat, parse_ssml
 
 from ..context import Context
+from ..logcontext import current_request
 from ..metrics import LatencyRecord, Timeline
 from ..request import (
     EmptyText,
@@ -239,6 +240,11 @@ class _AudioOut:
         self.samples = 0
         self._started = False
         self._closed = False
+        conn.ctx.status.begin(self.id, FRONT)  # speaking, until close()
+        # The connection's log lines are about this request from now on (its refusal, which
+        # fail() logs after the request's code has returned, included), and so are those of
+        # the tasks it starts (a text stream's speaker).
+        current_request.set(self.id)
 
     def set_voice(self, voice: str, options: SynthesisOptions) -> None:
         self.voice = voice
@@ -301,6 +307,7 @@ class _AudioOut:
                                                        self.timeline, seconds, outcome=outcome))
         else:
             metrics.request(FRONT, outcome)
+        self.conn.ctx.status.end(self.id)
 
     @contextlib.contextmanager
     def accounting(self) -> Iterator[None]:
@@ -629,7 +636,8 @@ class _Connection(AsyncEventHandler):
         if wanted is None:
             wanted = SynthesizeVoice()
         try:
-            voice = self.ctx.engine.resolve_voice(wanted.name, wanted.language)
+            voice = self.ctx.engine.resolve_voice(wanted.name, wanted.language,
+                                                  default=self.ctx.state.voice)
         except UnknownVoice as e:
             raise _Refused("unknown-voice", str(e)) from None
         if wanted.speaker not in (None, ""):

@@ -3,7 +3,8 @@
 // The response is a WAV of unknown length: a header, then PCM as the server synthesizes it.
 // Each block read from the stream becomes an AudioBufferSourceNode started exactly where
 // the previous one ends, so playback begins with the first block rather than at the end.
-// Timestamps for every request are kept on window.heraldStats (the browser test reads them).
+// Timestamps of the last KEPT_REQUESTS requests are kept on window.heraldStats (the browser
+// test reads them); a kiosk page stays open for months, so older ones are let go.
 "use strict";
 
 (() => {
@@ -11,8 +12,11 @@
   const LEAD_SECONDS = 0.15; // jitter cushion: the first block waits this long for the next
   const PEAKS_PER_SECOND = 200; // waveform resolution
   const MIN_VIEW_SECONDS = 6; // the waveform's time axis grows beyond this as audio arrives
+  const KEPT_REQUESTS = 50; // requests whose timestamps window.heraldStats keeps
 
-  const stats = (window.heraldStats = { requests: [], last: null, voices: [] });
+  const stats = (window.heraldStats = {
+    requests: [], last: null, voices: [], kept: KEPT_REQUESTS,
+  });
   let audioCtx = null;
   let current = null; // the request being played
   let voices = [];
@@ -207,6 +211,7 @@
       controller: new AbortController(), stopped: false,
     };
     stats.requests.push(req);
+    stats.requests.splice(0, stats.requests.length - KEPT_REQUESTS);
     stats.last = req;
     current = req;
     setBusy(true);

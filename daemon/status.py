@@ -1,0 +1,82 @@
+"""What herald is doing now, whatever front the work came from: the one source of the MQTT
+``status`` (and Home Assistant's State, Time to first audio and Real-time factor sensors) and
+of the line ``systemctl status`` shows.
+
+Work reaches herald two ways: through the scheduler (MQTT, Hermes, the speaker) and straight
+to the engine, answered on the connection it came in on (Wyoming, HTTP). The scheduler knows
+its own; the direct fronts say when they begin and end serving a request (``serving``). Every
+latency record, from any front, becomes ``last_latency``. Listeners hear of each change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .metrics import LatencyRecord
+from .state import DeviceState
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[], None]
+
+
+class Status:
+    def __init__(self, state: DeviceState, version: str) -> None:
+        self.state = state
+        self.version = version
+        # The speaker/network scheduler (daemon.scheduler.Scheduler), once the service has one.
+        self.scheduler: Any | None = None
+        self.last_latency: dict[str, Any] | None = None
+        self._serving: dict[str, str] = {}  # request id -> front, served outside the scheduler
+        self._listeners: list[Listener] = []
+        state.add_listener(lambda _: self.changed())
+
+    def add_listener(self, fn: Listener) -> None:
+        self._listeners.append(fn)
+
+    def changed(self) -> None:
+        for fn in self._listeners:
+            try:
+                fn()
+            except Exception:
+                log.exception("status listener failed")
+
+    # ------------------------------------------------------------------ what changes it
+
+    def begin(self, request_id: str, front: str) -> None:
+        """A front started serving a request itself (not through the scheduler)."""
+        self._serving[request_id] = front
+        self.changed()
+
+    def end(self, request_id: str) -> None:
+        if self._serving.pop(request_id, None) is not None:
+            self.changed()
+
+    @contextlib.contextmanager
+    def serving(self, request_id: str, front: str) -> Iterator[None]:
+        self.begin(request_id, front)
+        try:
+            yield
+        finally:
+            self.end(request_id)
+
+    def latency(self, record: LatencyRecord) -> None:
+        """A metrics listener: every front's latency record is the last latency."""
+        self.last_latency = record.as_dict()
+        self.changed()
+
+    # ------------------------------------------------------------------ reading it
+
+    def snapshot(self) -> dict[str, Any]:
+        """``{state, queue, current_id, voice, volume, version, last_latency}``."""
+        snap: dict[str, Any] = (self.scheduler.snapshot() if self.scheduler is not None else
+                                {"state": "idle", "queue": 0, "current_id": None})
+        if self._serving:
+            snap["state"] = "speaking"
+            if snap["current_id"] is None:
+                snap["current_id"] = next(iter(self._serving))
+        return {**snap, **self.state.as_dict(), "version": self.version,
+                "last_latency": self.last_latency}
