@@ -327,19 +327,7 @@ def test_journald_gets_the_request_id_from_the_log_context() -> None:
 def test_journald_gets_herald_fields(tmp_path: Path) -> None:
     # A private mount namespace with its own /run/systemd, so the test's journald socket
     # is the one libsystemd writes to, without touching the machine's.
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        pytest.skip("needs root and unshare(1) for a private /run/systemd")
-    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"no mount namespaces here: {probe.stderr.decode().strip()}")
-    env = dict(os.environ, INVOCATION_ID="0123456789abcdef0123456789abcdef")
-    env.pop("JOURNAL_STREAM", None)
-    shell = ("mount -t tmpfs tmpfs /run/systemd && mkdir /run/systemd/journal && "
-             f'exec "{sys.executable}" -c "$0"')
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", shell, JOURNAL_SCRIPT], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)
+    result = json.loads(run_with_private_journal(JOURNAL_SCRIPT))
     assert result["handler"] == "JournalHandler"
     fields = parse_journal_datagram(bytes.fromhex(result["datagram"]))
     assert fields["MESSAGE"] == "spoke 12 chunks"
