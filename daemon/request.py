@@ -240,6 +240,11 @@ class Limits:
     max_age: float | None = None
 
 
+# C0 controls but tab and line breaks, and DEL: in a text field they are binary junk or a
+# broken client, never something to pronounce.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
 def decode_text(payload: bytes) -> str:
     """Strict UTF-8 with no control characters other than tab and line breaks."""
     try:
@@ -247,7 +252,7 @@ def decode_text(payload: bytes) -> str:
     except UnicodeDecodeError as e:
         raise RequestError(f"payload is not valid UTF-8 (byte {e.start}); send UTF-8 text "
                            "or JSON") from None
-    if any(ord(c) < 32 and c not in "\t\r\n" for c in text) or "\x7f" in text:
+    if _CONTROL.search(text):
         raise RequestError("payload contains binary data (control characters); send UTF-8 "
                            "text or JSON")
     return text
@@ -299,12 +304,25 @@ def _validation_message(e: ValidationError) -> str:
     return f"{where}: {msg}" if where else msg
 
 
+def refuse_control(text: str, id: str | None = None, *, field: str = "text",
+                   where: str = "") -> str:
+    """Refuse control characters in a text or a streamed piece of one."""
+    control = _CONTROL.search(text)
+    if control:
+        raise RequestError(f"{where}{field} holds a control character "
+                           f"(U+{ord(control.group()):04X} at {control.start()}); send plain "
+                           "text", id)
+    return text
+
+
 def check_text(text: str, max_text: int, setting: str, id: str | None = None, *,
                field: str = "text", where: str = "",
                hint: str = "split it into several requests") -> str:
-    """Refuse text with nothing to say in it, or longer than ``max_text`` characters;
-    ``setting`` names the limit's key, so the message says what could be changed. Each front
-    answers the two in its own protocol (HTTP: 400 and 413)."""
+    """The one verdict on a text, whatever front it came from: refuse control characters,
+    text with nothing to say in it, or more than ``max_text`` characters (``setting`` names
+    the limit's key, so the message says what could be changed). Each front answers in its
+    own protocol (HTTP: 400 and 413; MQTT: an error event; Wyoming: an error)."""
+    refuse_control(text, id, field=field, where=where)
     if not text.strip():
         raise EmptyText(f"{where}empty {field}: nothing to say", id)
     if len(text) > max_text:
@@ -392,7 +410,7 @@ def parse_stream_piece(payload: bytes) -> StreamPiece:
         check_request_id(f.id)
     except TopicError as e:
         raise RequestError(str(e)) from None
-    return StreamPiece(f.id, f.seq, f.text, f.final, f)
+    return StreamPiece(f.id, f.seq, refuse_control(f.text, f.id), f.final, f)
 
 
 def stream_request(piece: StreamPiece, limits: Limits, front: str = "mqtt",

@@ -28,7 +28,7 @@ from mqtt_client import BASE, DEVICE, Client, Msg
 from synthetic_voice import install_test_voice
 from wyoming.audio import AudioStart
 from wyoming.client import AsyncTcpClient
-from wyoming.tts import Synthesize
+from wyoming.tts import Synthesize, SynthesizeVoice
 
 DEFAULT_VOICE = "en_US-joe-medium"
 GUARD = 90.0  # a hang guard, never a performance threshold
@@ -314,3 +314,34 @@ def test_voice_and_volume_survive_a_restart(tmp_path: Path, voices: tuple[Path, 
         assert 0.25 < heard[1] / heard[0] < 0.35, heard
     finally:
         broker.stop()
+
+
+# The same bad fields, sent through each front: (what, fields, words of the one verdict,
+# HTTP status, Wyoming error code). Each front answers in its own form; the verdict is one.
+BAD_FIELDS = [
+    ("control character", {"text": "Lights\x07 off."}, "control character", 400, "bad-text"),
+    ("blank text", {"text": " \n "}, "empty", 400, "empty-text"),
+    ("unknown voice", {"text": "Hi.", "voice": "xx_XX-nobody-low"}, "unknown voice", 404,
+     "unknown-voice"),
+    # Wyoming names a speaker only together with its voice's name
+    ("speaker the voice lacks", {"text": "Hi.", "voice": DEFAULT_VOICE, "speaker": "7"},
+     "single speaker", 400, "bad-voice"),
+]
+
+
+@pytest.mark.parametrize(("what", "fields", "verdict", "status", "code"), BAD_FIELDS,
+                         ids=[case[0] for case in BAD_FIELDS])
+def test_the_same_bad_field_gets_the_same_verdict_on_every_front(
+        herald: Herald, client: Client, what: str, fields: dict[str, Any], verdict: str,
+        status: int, code: str) -> None:
+    rid = client.say(id="bad-" + what.replace(" ", "-"), **fields)
+    event = client.wait_event(rid, ("error", "queued"))
+    assert event["event"] == "error" and verdict in event["error"], event
+
+    got, _, body = herald.http("/tts", fields)
+    assert got == status and verdict in json.loads(body)["error"], body
+
+    voice = SynthesizeVoice(name=fields.get("voice"), speaker=fields.get("speaker"))
+    events = herald.wyoming(Synthesize(text=fields["text"], voice=voice))
+    assert [e.type for e in events] == ["error"], f"{what}: {[e.type for e in events]}"
+    assert events[0].data["code"] == code and verdict in events[0].data["text"], events[0].data

@@ -63,7 +63,6 @@ SPEECH_FIELDS = frozenset({"text", "voice", "speaker", "rate", "seed", "stream",
 TEXT_FORMATS = ("text", "ssml")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _UNSAFE_FILENAME = re.compile(r"[^\w.-]+")
 _PUBLIC_PATHS = ("/", "/healthz")  # and /static/: no data there, and the page asks for the token
 
@@ -313,7 +312,7 @@ class HttpFront:
             raise ApiError(400, f"{where}missing {key!r}: the text to speak")
         if not isinstance(value, str):
             raise ApiError(400, f"{where}{key!r} must be a string, not {_kind(value)}")
-        return check_text(_CONTROL.sub(" ", value), self.settings.max_text_chars,
+        return check_text(value, self.settings.max_text_chars,
                           "http.max_text_chars", field=repr(key), where=where)
 
     def _voice(self, name: str | None, speaker: str | int | None) -> str:

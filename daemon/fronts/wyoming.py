@@ -86,6 +86,7 @@ from ..request import (
     TextTooLong,
     check_text,
     check_unicode,
+    refuse_control,
 )
 from . import is_loopback_host
 
@@ -345,6 +346,10 @@ class _TextStream:
         if self.text.total_chars + len(piece) > limit:
             raise _Refused("text-too-long", f"streamed text passed {limit} characters "
                            "(wyoming.max_text); send long texts as several streams")
+        try:
+            refuse_control(piece)
+        except RequestError as e:
+            raise _Refused("bad-text", str(e)) from None
         self.has_text = self.has_text or bool(piece.strip())
         self.text.feed(piece)
         self._feed_local(piece)
@@ -608,6 +613,8 @@ class _Connection(AsyncEventHandler):
                 raise _Refused("text-too-long", str(e)) from None
             except EmptyText as e:
                 raise _Refused("empty-text", str(e)) from None
+            except RequestError as e:
+                raise _Refused("bad-text", str(e)) from None
             if out.text_format == "ssml":
                 try:
                     parse_ssml(text)
@@ -642,6 +649,10 @@ class _Connection(AsyncEventHandler):
             raise _Refused("unknown-voice", str(e)) from None
         if wanted.speaker not in (None, ""):
             options = replace(options, speaker=wanted.speaker)
+        try:  # before any audio-start, as the other fronts check it before queueing
+            self.ctx.engine.check_speaker(voice, options.speaker)
+        except VoiceError as e:
+            raise _Refused("bad-voice", str(e)) from None
         return voice, options
 
     def _play_locally(self, out: _AudioOut, text: str,
