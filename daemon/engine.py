@@ -29,8 +29,8 @@ from tts import (
     set_threads,
 )
 from tts.compose import Composer, Planner, Step
-from tts.stream import cores
 from tts.text import TextFormat
+from tts.threads import cores
 from tts.warm import KeepWarm, Warmer
 
 from .workers import Render, Workers
@@ -184,8 +184,9 @@ def cpu_plan(threads: int | None, workers: int | None) -> tuple[int, int]:
     """Torch threads per synthesis and workers: as configured, or what suits the cores.
 
     Unset, a synthesis takes ``tts.default_threads()`` (2 where there are two cores or more:
-    a lone request, the usual case at home, is ~1.5x faster than at 1) and there are as
-    many workers as the cores hold at that. Set, the workers are cut if their torch threads
+    a lone request, the usual case at home, is ~1.5x faster than at 1 on free cores and
+    faster still beside busy processes, ``tts.threads``) and there are as many workers as
+    the cores hold at that. Set, the workers are cut if their torch threads
     would outnumber the cores: each worker running torch at two or more threads keeps its
     own OpenMP team, and with more OpenMP threads than cores libgomp stops letting idle
     team threads spin, so every operation of every synthesis got 1.5-2x slower

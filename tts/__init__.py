@@ -5,7 +5,8 @@ Nothing here imports ``daemon``.
 
 from .audio import AudioFormat, to_pcm16, wav_bytes
 from .catalog import DEFAULT_VOICE, UnknownVoice, VoiceCatalog
-from .stream import AudioChunk, SynthesisOptions, Synthesizer, default_threads, set_threads
+from .stream import AudioChunk, SynthesisOptions, Synthesizer
+from .threads import default_threads, set_threads
 from .voice import Voice, VoiceError, VoiceInfo
 
 __all__ = [
