@@ -169,6 +169,7 @@ class Service:
                                                 workers=s.voices.workers,
                                                 keep_warm=s.voices.keep_warm))
         metrics = Metrics()
+        metrics.streams_waiting.set_function(lambda: engine.waiting_streams)
         self.ctx = ctx = Context(engine, metrics, __version__)
         notify_status(f"loading voice {catalog.default}")
         await engine.preload(catalog.default)
