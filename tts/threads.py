@@ -31,7 +31,7 @@ from typing import TypeVar
 
 import torch
 
-from .memory import pin_mmap_threshold
+from .memory import pin_mmap_threshold, release_startup_code
 
 T = TypeVar("T")
 
@@ -189,8 +189,9 @@ def set_threads(n: int | None) -> None:
     """Intra-op threads for every synthesis in this process: ``n``, or (None)
     ``default_threads()``; ``ThreadGovernor`` keeps their waits right for the load.
 
-    Also pins glibc's mmap threshold (``tts.memory``): every process that synthesizes calls
-    this first.
+    Also pins glibc's mmap threshold and drops the library code only start-up ran
+    (``tts.memory``): every process that synthesizes calls this first, before it loads a
+    voice.
     """
     global _governor
     n = n or default_threads()
@@ -202,6 +203,7 @@ def set_threads(n: int | None) -> None:
         if torch.get_num_threads() != n:
             torch.set_num_threads(n)
         pin_mmap_threshold()
+        release_startup_code()
 
 
 def governed(chunks: Iterator[T]) -> Iterator[T]:
