@@ -230,7 +230,8 @@ class Render(Generic[T]):
         self._seconds = seconds
         self._first_out: float | None = None  # when the first chunk went to the loop
         self._handed = 0.0  # seconds of audio handed to the loop
-        self._cost: float | None = None  # seconds the last step took
+        self._cost: float | None = None  # seconds the next step should take
+        self._last_seconds = 0.0  # audio in the last chunk
         self.rtf = 0.0  # seconds of computing per second of audio, running estimate
         self._loop = asyncio.get_running_loop()
         self._ready: deque[object] = deque()  # handed over, not yet taken (loop side only)
@@ -339,6 +340,11 @@ class Render(Generic[T]):
         if self._first_out is None:
             self._first_out = now
             self._workers.playing(self, True)
+        elif self._last_seconds > 0:
+            # Windows grow (the synthesizer doubles them up to a largest): the next step
+            # costs as much more as this one's audio grew over the one before.
+            self._cost = took * min(2.0, max(1.0, seconds / self._last_seconds))
+        self._last_seconds = seconds
         self._handed += seconds
         if seconds > 0:
             rtf = took / seconds
