@@ -35,7 +35,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from .deadlines import Due, pick
+from .deadlines import Due, admitted, pick
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +152,8 @@ class Workers:
         states = [q.state(self.first_cost) for q in self._waiting]
         rtfs = [r.rtf for r in self._streams]
         i = pick(states, time.monotonic(), rtfs, self._n)
-        held = sum(1 for d in states if d.stream and d.runs_out is None) - (
-            i is not None and states[i].stream and states[i].runs_out is None)
+        held = sum(1 for k, d in enumerate(states)
+                   if k != i and d.runs_out is None and not admitted(d, rtfs, self._n))
         if held > self.held:
             log.info("synthesis: %d new stream(s) wait: the %d playing need %.0f%% of the "
                      "workers' time", held, len(rtfs), 100 * sum(rtfs) / self._n)
@@ -337,7 +337,8 @@ class Render(Generic[T]):
         if self._seconds is None:
             return
         seconds = self._seconds(item)
-        if self._first_out is None:
+        first = self._first_out is None
+        if first:
             self._first_out = now
             self._workers.playing(self, True)
         elif self._last_seconds > 0:
@@ -346,7 +347,9 @@ class Render(Generic[T]):
             self._cost = took * min(2.0, max(1.0, seconds / self._last_seconds))
         self._last_seconds = seconds
         self._handed += seconds
-        if seconds > 0:
+        # The first step also ran the sentence's text encoder and durations, once: it says
+        # nothing of the pace the stream needs from here on.
+        if seconds > 0 and not first:
             rtf = took / seconds
             self.rtf = rtf if self.rtf == 0.0 else self.rtf + _SMOOTHING * (rtf - self.rtf)
 

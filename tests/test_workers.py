@@ -137,6 +137,22 @@ async def test_a_new_stream_starts_unless_a_playing_one_would_run_out(
         assert a_before_b <= 1, log
 
 
+async def test_a_stream_that_cannot_fit_in_real_time_waits_and_is_counted(workers) -> None:
+    """One worker; stream a needs all of it (10 ms of work per 10 ms of audio): b waits until
+    a is done, and the workers say so meanwhile."""
+    pool = workers(1)
+    log: list[str] = []
+    a = Render(slow_chunks(30, log, "a"), pool, limit=100, seconds=lambda _: 0.01)
+    for i in range(3):  # a plays, and its pace is measured
+        assert await a.get() == i
+    b = Render(slow_chunks(2, log, "b"), pool, limit=100, seconds=lambda _: 0.01)
+    await asyncio.sleep(0.05)
+    assert pool.held == 1
+    assert await take_all(a) == list(range(3, 30))
+    assert await take_all(b) == [0, 1]
+    assert log.index("b") > len(log) - 3 and pool.held == 0
+
+
 async def test_a_parked_render_holds_no_thread(workers) -> None:
     """One worker: a render nobody reads stops after `limit` chunks, and another one runs."""
     pool = workers(1)
