@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # tts imports torch: the piper-tts RSS process must not (see 
     from tts.warm import KeepWarm
 
 COOL_DOWN = 0.3  # seconds between runs
+RSS_RUNS = 3  # fresh processes per engine for the memory figures, alternating
 SHORT = "Turn on the kitchen lights."
 LONG = ("The weather service says that a band of heavy rain will reach the coast this evening, "
         "bringing strong winds, falling temperatures and the chance of thunder before it clears "
@@ -63,8 +64,9 @@ def _timed(chunks: Callable[[str], Iterable[np.ndarray]], rate: int) -> Timed:
     return once
 
 
-def _herald(threads: int, keep_warm: KeepWarm = "auto") -> tuple[Timed, bool]:
-    """herald as the daemon runs it, and whether its warmer sweeps while idle."""
+def _herald(threads: int | None, keep_warm: KeepWarm = "auto") -> tuple[Timed, bool]:
+    """herald as the daemon runs it (``threads`` None: its default), and whether its warmer
+    sweeps while idle."""
     from tts import SynthesisOptions, VoiceCatalog, set_threads
     from tts.warm import Warmer
 
@@ -98,17 +100,19 @@ def _default_voice_model() -> Path:
     return VoiceCatalog().resolve().model_path
 
 
-def _piper(threads: int, model: Path | None = None) -> Timed:
+def _piper(threads: int | None, model: Path | None = None) -> Timed:
     """piper-tts on ``model`` (NAME.onnx beside NAME.onnx.json; default: herald's default
-    voice, found through ``tts``, which imports torch)."""
+    voice, found through ``tts``, which imports torch). ``threads`` None: onnxruntime's
+    default session options, as ``PiperVoice.load`` makes them."""
     import onnxruntime
     from piper import PiperVoice, SynthesisConfig
     from piper.config import PiperConfig
 
     model = model or _default_voice_model()
     so = onnxruntime.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
+    if threads is not None:
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
     session = onnxruntime.InferenceSession(str(model), sess_options=so,
                                            providers=["CPUExecutionProvider"])
     config = json.loads(model.with_name(model.name + ".json").read_text())
@@ -118,7 +122,8 @@ def _piper(threads: int, model: Path | None = None) -> Timed:
                   voice.config.sample_rate)
 
 
-def _timing(threads: int, repeats: int, keep_warm: KeepWarm = "auto") -> dict[str, Any]:
+def _timing(threads: int | None, repeats: int, keep_warm: KeepWarm = "auto"
+            ) -> dict[str, Any]:
     """Both engines in one process, alternating run by run, so load drifts hit both alike."""
     herald, sweeping = _herald(threads, keep_warm)
     engines = {"herald": herald, "piper": _piper(threads)}
@@ -150,11 +155,28 @@ def _timing(threads: int, repeats: int, keep_warm: KeepWarm = "auto") -> dict[st
 
 
 def _peak_rss(engine: str, threads: int, model: Path | None = None) -> None:
-    """Load one engine alone and speak the long sentence once: its own peak RSS. piper-tts
-    gets its voice file from the caller: found through ``tts``, it would carry torch's
-    ~220 MB in its figure."""
+    """Load one engine alone and speak the long sentence once: its own peak RSS, and its
+    PSS and USS right after (what it shares with other processes, libraries' code above
+    all, counted by share or not at all). piper-tts gets its voice file from the caller:
+    found through ``tts``, it would carry torch's ~220 MB in its figure."""
     (_herald(threads, "off")[0] if engine == "herald" else _piper(threads, model))(LONG)
-    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      **_pss_uss_mb()}))
+
+
+def _pss_uss_mb() -> dict[str, float]:
+    """This process's proportional and unique set sizes now, in MB (Linux)."""
+    kb: dict[str, int] = {}
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if rest.strip().endswith("kB"):
+                    kb[key] = int(rest.split()[0])
+    except OSError:
+        return {}
+    return {"pss_mb": kb.get("Pss", 0) / 1024,
+            "uss_mb": (kb.get("Private_Clean", 0) + kb.get("Private_Dirty", 0)) / 1024}
 
 
 def _idle_cpu(seconds: float) -> None:
@@ -198,9 +220,14 @@ def main(repeats: int = 5, threads: list[int] | None = None, as_json: bool = Fal
         timing = _spawn("--timing", "--threads", str(n), "--repeats", str(repeats),
                         "--keep-warm", keep_warm)
         h, p = timing["herald"], timing["piper"]
-        h["peak_rss_mb"] = _spawn("--rss", "herald", "--threads", str(n))["peak_rss_mb"]
-        p["peak_rss_mb"] = _spawn("--rss", "piper", "--threads", str(n),
-                                  "--model", model)["peak_rss_mb"]
+        # One process of each in turn, RSS_RUNS times: memory drifts with the host's too.
+        mem: dict[str, list[dict[str, float]]] = {"herald": [], "piper": []}
+        for _ in range(RSS_RUNS):
+            mem["herald"].append(_spawn("--rss", "herald", "--threads", str(n)))
+            mem["piper"].append(_spawn("--rss", "piper", "--threads", str(n), "--model", model))
+        for side, figures in ((h, mem["herald"]), (p, mem["piper"])):
+            for k in figures[0]:
+                side[k] = statistics.median(f[k] for f in figures)
         rtf_h, rtf_p = h["long"]["rtf"], p["long"]["rtf"]
         results[f"threads_{n}"] = {
             "herald": h, "piper": p,
@@ -229,7 +256,9 @@ def main(repeats: int = 5, threads: list[int] | None = None, as_json: bool = Fal
                 ("first audio, long (ms)", h["long"]["first_audio_ms"],
                  p["long"]["first_audio_ms"]),
                 ("real-time factor, long", r["rtf_herald"], r["rtf_piper"]),
-                ("peak RSS (MB)", h["peak_rss_mb"], p["peak_rss_mb"])]
+                ("peak RSS (MB)", h["peak_rss_mb"], p["peak_rss_mb"]),
+                ("PSS after (MB)", h["pss_mb"], p["pss_mb"]),
+                ("USS after (MB)", h["uss_mb"], p["uss_mb"])]
         for name, a, b in rows:
             print(f"{label:>7} {name:<28} {a:>10.3f} {b:>10.3f} {a / b:>7.3f}")
     print("(summary: worst ratio over thread counts) "

@@ -17,8 +17,9 @@ needed), then drives rounds of what its users send, good and bad, through every 
 Every answer is checked (audio where audio is due, the error where one is due), so a round
 also proves that bad input and vanished clients cost the others nothing. After each round
 the driver waits until herald is idle and reads its resident memory, open file descriptors
-and threads from ``/proc``; round 0 is the same reading at ready, before any request. The growth is taken after the warm-up rounds, when caches,
-pools and the allocator's arenas have reached their size.
+and threads from ``/proc``; round 0 is the same reading at ready, before any request. The
+growth is taken after the warm-up rounds, when caches, pools and the allocator's arenas have
+reached their size.
 
     .venv/bin/python -m bench.soak [--rounds 200] [--warmup 50] [--json]
 """

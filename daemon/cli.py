@@ -18,7 +18,6 @@ from tts import (
     SynthesisOptions,
     VoiceCatalog,
     VoiceError,
-    default_threads,
     set_threads,
     to_pcm16,
     wav_bytes,
@@ -253,7 +252,7 @@ def _cmd_say(args: argparse.Namespace) -> int:
             return 2
         return publish_say(args.mqtt, settings, args.device_id, text, args.voice,
                            text_format="ssml" if args.ssml else "text", fields=fields)
-    set_threads(args.threads or default_threads())
+    set_threads(args.threads)
     # The composer, as the daemon speaks: sentences, bracket tags or SSML, other languages
     # by their own voice or espeak-ng. It checks the voice and the SSML before any synthesis.
     composer = Composer(_catalog(args))

@@ -4,8 +4,9 @@ Text is planned on the loop by the composer's planner (sentences, markup, langua
 cheap, and one place for all of it, whole texts and streamed ones alike); the planned steps
 are rendered into audio on ``workers`` CPU threads (``daemon.workers``), the only threads
 that run torch, and each chunk goes to the loop the moment it exists. Concurrent renders
-take turns chunk by chunk; a render whose consumer is slow (a speaker playing in real time)
-is parked, holding no thread, once ``queue_chunks`` chunks wait for it. Cancelling the
+go by their playback deadlines (``daemon.deadlines``); a render whose consumer is slow (a
+speaker playing in real time) is parked, holding no thread, once ``queue_chunks`` chunks
+wait for it. Cancelling the
 consumer (a stopped utterance, a vanished client) stops the work after the chunk being made.
 """
 
@@ -30,8 +31,8 @@ from tts import (
 )
 from tts.compose import Composer, Planner, Step
 from tts.cpu import usable_threads
-from tts.stream import cores
 from tts.text import TextFormat
+from tts.threads import cores
 from tts.warm import KeepWarm, Warmer
 
 from .workers import Render, Workers
@@ -68,6 +69,11 @@ class Engine:
         self._warmer = Warmer(lambda: [s.model for s in catalog.loaded()],
                               busy=lambda: self._active > 0, interval=settings.warm_interval,
                               generation=lambda: self._renders)
+
+    @property
+    def waiting_streams(self) -> int:
+        """New streams waiting for room: the playing ones need the workers' time."""
+        return self._workers.held
 
     @property
     def warm_sweeps(self) -> int:
@@ -152,8 +158,9 @@ class Engine:
                       options: SynthesisOptions) -> AsyncGenerator[AudioChunk, None]:
         """The steps' chunks, computed on the workers (``daemon.workers``); closing this
         generator stops the computation after the chunk being made."""
+        rate = self.composer.sample_rate(voice)
         render = Render(self.composer.render(steps, options, voice), self._workers,
-                        self.settings.queue_chunks)
+                        self.settings.queue_chunks, lambda c: len(c.samples) / rate)
         self._active += 1
         self._renders += 1
         try:
@@ -187,8 +194,9 @@ def cpu_plan(threads: int | None, workers: int | None) -> tuple[int, int]:
     """Torch threads per synthesis and workers: as configured, or what suits the cores.
 
     Unset, a synthesis takes ``tts.default_threads()`` (2 where there are two cores or more:
-    a lone request, the usual case at home, is ~1.5x faster than at 1) and there are as
-    many workers as the cores hold at that. Set, the workers are cut if their torch threads
+    a lone request, the usual case at home, is ~1.5x faster than at 1 on free cores and
+    faster still beside busy processes, ``tts.threads``) and there are as many workers as
+    the cores hold at that. Set, the workers are cut if their torch threads
     would outnumber the cores: each worker running torch at two or more threads keeps its
     own OpenMP team, and with more OpenMP threads than cores libgomp stops letting idle
     team threads spin, so every operation of every synthesis got 1.5-2x slower

@@ -97,6 +97,9 @@ class Metrics:
         self.queue_depth = Gauge("herald_queue_depth", "Utterances waiting for the speaker",
                                  registry=r)
         self.active = Gauge("herald_active_syntheses", "Syntheses running now", registry=r)
+        self.streams_waiting = Gauge(
+            "herald_streams_waiting", "New streams held back: the playing ones need the "
+            "synthesis workers' time to stay real-time", registry=r)
         self._listeners: list[Callable[[LatencyRecord], None]] = []
 
     def add_listener(self, fn: Callable[[LatencyRecord], None]) -> None:

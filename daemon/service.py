@@ -176,6 +176,7 @@ class Service:
         state = DeviceState.load(state_directory(s.state.directory) / STATE_FILE,
                                  catalog.default, s.speaker.volume,
                                  lambda name: _installed(engine, name))
+        metrics.streams_waiting.set_function(lambda: engine.waiting_streams)
         self.ctx = ctx = Context(engine, metrics, __version__, state=state)
         self.workers_ended = False
         notify_status(f"loading voice {catalog.default}")

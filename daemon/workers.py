@@ -9,9 +9,11 @@ stays on one thread and one team.
 
 A ``Render`` is one text's chunks. Each step computes one chunk on a worker and hands it to
 the loop at once (``call_soon_threadsafe``); the worker goes on with the same render unless
-another is waiting, in which case the render queues behind it, so concurrent renders take
-turns chunk by chunk. A render whose consumer has ``limit`` chunks it has not taken yet
-(a speaker playing in real time, a stalled client) is parked, holding no thread, until the
+another is waiting. Then ``daemon.deadlines`` picks what goes next: a new stream's first
+chunk unless that would make a playing stream run out of audio, else the playing stream
+whose audio runs out first; a new stream waits while the playing ones leave no room for one
+more in real time. A render whose consumer has ``limit`` chunks it has not taken yet (a
+speaker playing in real time, a stalled client) is parked, holding no thread, until the
 consumer takes one.
 
 Before this, a thread per stream asked a worker for each chunk, waited for it and passed it
@@ -26,17 +28,34 @@ import asyncio
 import atexit
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from .deadlines import Due, admitted, pick
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Job = Callable[[], bool]  # runs one step; True: it has more to do right away
+DueOf = Callable[[float], Due]  # a waiting job's state, given when it was queued
 
 _DONE = object()
+FIRST_COST = 0.05  # seconds: a first chunk's cost until one has been measured
+_SMOOTHING = 0.3  # weight of the newest measurement in the running estimates
+
+
+@dataclass
+class _Queued:
+    job: Job
+    due: DueOf | None
+    queued: float
+
+    def state(self, first_cost: float) -> Due:
+        return self.due(self.queued) if self.due else Due(self.queued, first_cost)
 
 
 class Workers:
@@ -44,8 +63,12 @@ class Workers:
 
     def __init__(self, n: int, name: str = "herald-synth") -> None:
         self._lock = threading.Lock()
-        self._waiting: deque[Job] = deque()  # jobs no worker has taken yet
+        self._waiting: list[_Queued] = []  # jobs no worker has taken yet
         self._closed = False
+        self._n = n
+        self._streams: set[Render[Any]] = set()  # renders playing now, parked or not
+        self.first_cost = FIRST_COST  # seconds a render's first chunk takes, running estimate
+        self.held = 0  # new streams waiting for room (see daemon.deadlines.admitted)
         self._workers = [_Worker(self, f"{name}-{i}") for i in range(n)]
         # The last one to go idle is the first woken; worker 0 first of all.
         self._idle: list[_Worker] = self._workers[::-1]
@@ -56,15 +79,18 @@ class Workers:
         # ("terminate called without an active exception"), so they are ended first.
         atexit.register(self.close, join=1.0)
 
-    def dispatch(self, job: Job) -> None:
-        """Run ``job`` until it returns False. Raises RuntimeError after ``close``."""
+    def dispatch(self, job: Job, due: DueOf | None = None) -> None:
+        """Run ``job`` until it returns False; ``due`` tells the scheduler where it stands
+        (a render's deadline; without it, a job goes in turn). Raises RuntimeError after
+        ``close``."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("the synthesis workers are shut down")
+            self._waiting.append(_Queued(job, due, time.monotonic()))
             if self._idle:
-                self._idle.pop().give(job)
-            else:
-                self._waiting.append(job)
+                chosen = self._choose()
+                if chosen is not None:
+                    self._idle.pop().give(chosen)
 
     def call(self, fn: Callable[..., T], *args: object) -> Future[T]:
         """``fn(*args)`` on a worker (a voice loading, say), as a future."""
@@ -104,20 +130,47 @@ class Workers:
                 thread.join(join)
         return not any(thread.is_alive() for thread in others)
 
-    def _next(self, worker: _Worker, job: Job, again: bool) -> Job | None:
+    def _next(self, worker: _Worker, job: Job, due: DueOf | None, again: bool
+              ) -> _Queued | None:
         """What ``worker`` runs after a step of ``job``: the same job if it wants to go on
-        and nobody waits, else the longest-waiting job; None: it goes idle."""
+        and nobody waits, else what ``daemon.deadlines.pick`` says; None: it goes idle."""
         with self._lock:
             if self._closed:
                 return None
             if again and not self._waiting:
-                return job
+                return _Queued(job, due, time.monotonic())
             if again:
-                self._waiting.append(job)
-            if self._waiting:
-                return self._waiting.popleft()
-            self._idle.append(worker)
+                self._waiting.append(_Queued(job, due, time.monotonic()))
+            chosen = self._choose()
+            if chosen is None:
+                self._idle.append(worker)
+            return chosen
+
+    def _choose(self) -> _Queued | None:
+        """Takes the job to run next out of the waiting ones (under the lock)."""
+        if not self._waiting:
             return None
+        states = [q.state(self.first_cost) for q in self._waiting]
+        rtfs = [r.rtf for r in self._streams]
+        i = pick(states, time.monotonic(), rtfs, self._n)
+        held = sum(1 for k, d in enumerate(states)
+                   if k != i and d.runs_out is None and not admitted(d, rtfs, self._n))
+        if held > self.held:
+            log.info("synthesis: %d new stream(s) wait: the %d playing need %.0f%% of the "
+                     "workers' time", held, len(rtfs), 100 * sum(rtfs) / self._n)
+        self.held = held
+        return None if i is None else self._waiting.pop(i)
+
+    def playing(self, render: Render[Any], now: bool) -> None:
+        """A render started playing (its first chunk is out), or ended."""
+        with self._lock:
+            if now:
+                self._streams.add(render)
+            else:
+                self._streams.discard(render)
+
+    def first_step_took(self, seconds: float) -> None:
+        self.first_cost += _SMOOTHING * (seconds - self.first_cost)
 
 
 _current = threading.local()  # .worker: the _Worker running on this thread
@@ -127,17 +180,17 @@ class _Worker:
     def __init__(self, pool: Workers, name: str) -> None:
         self.pool = pool
         self.after: list[Callable[[], object]] = []
-        self._given: Job | None = None
+        self._given: _Queued | None = None
         self._wake = threading.Event()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def give(self, job: Job | None) -> None:
+    def give(self, job: _Queued | None) -> None:
         self._given = job
         self._wake.set()
 
     def _run(self) -> None:
         _current.worker = self
-        job: Job | None = None
+        job: _Queued | None = None
         while True:
             if job is None:
                 self._wake.wait()
@@ -146,11 +199,11 @@ class _Worker:
                 if job is None:
                     return  # closed
             try:
-                again = job()
+                again = job.job()
             except Exception:  # a bug in a job must not take the thread with it
                 log.exception("synthesis worker: a job failed")
                 again = False
-            job = self.pool._next(self, job, again)
+            job = self.pool._next(self, job.job, job.due, again)
             after, self.after = self.after, []
             for fn in after:
                 try:
@@ -165,13 +218,22 @@ class Render(Generic[T]):
     """One text's chunks, computed on the workers and taken on the loop with ``get``.
 
     Create it on the event loop; ``close`` it when done with it, whether or not it ran to
-    the end: the generator is then closed on a worker, not on the loop.
+    the end: the generator is then closed on a worker, not on the loop. ``seconds`` (the
+    audio a chunk holds) makes it a stream with deadlines (``daemon.deadlines``); without
+    it, it takes its turn.
     """
 
-    def __init__(self, chunks: Iterator[T], workers: Workers, limit: int) -> None:
+    def __init__(self, chunks: Iterator[T], workers: Workers, limit: int,
+                 seconds: Callable[[T], float] | None = None) -> None:
         self._chunks = chunks
         self._workers = workers
         self._limit = max(1, limit)
+        self._seconds = seconds
+        self._first_out: float | None = None  # when the first chunk went to the loop
+        self._handed = 0.0  # seconds of audio handed to the loop
+        self._cost: float | None = None  # seconds the next step should take
+        self._last_seconds = 0.0  # audio in the last chunk
+        self.rtf = 0.0  # seconds of computing per second of audio, running estimate
         self._loop = asyncio.get_running_loop()
         self._ready: deque[object] = deque()  # handed over, not yet taken (loop side only)
         self._wake: asyncio.Future[None] | None = None
@@ -210,16 +272,24 @@ class Render(Generic[T]):
 
     def _dispatch(self) -> None:
         try:
-            self._workers.dispatch(self._step)
+            self._workers.dispatch(self._step, self._due)
         except RuntimeError as e:  # shut down: say so rather than leave the consumer waiting
             self._hand_over(e)
+
+    def _due(self, queued: float) -> Due:
+        cost = self._workers.first_cost if self._cost is None else self._cost
+        if self._seconds is None:
+            return Due(queued, cost)
+        runs_out = None if self._first_out is None else self._first_out + self._handed
+        return Due(queued, cost, runs_out, self.rtf, stream=True)
 
     def _step(self) -> bool:
         """On a worker: one chunk, handed to the loop. True: compute the next one now."""
         if self._closed:
-            self._close_chunks()
+            self._end()
             return False
         item: object
+        started = time.monotonic()
         try:
             item = next(self._chunks)
         except StopIteration:
@@ -227,20 +297,23 @@ class Render(Generic[T]):
         except BaseException as e:  # the consumer raises it
             item = e
         last = item is _DONE or isinstance(item, BaseException)
+        if not last:
+            self._measure(item, started)  # type: ignore[arg-type]
         with self._lock:
             self._ahead += 1
             closed = self._closed
             full = self._ahead >= self._limit
         if closed:
-            self._close_chunks()
+            self._end()
             return False
         # What lets the consumer dispatch this render again (its last item, or parking it)
         # waits until this worker is free, so that it is the one to take it.
         if last:
+            self._workers.playing(self, False)
             Workers.when_free(lambda: self._hand_over(item))
             return False
         if not self._hand_over(item):  # the loop is gone: nobody listens
-            self._close_chunks()
+            self._end()
             return False
         if full:
             Workers.when_free(self._park)
@@ -255,7 +328,34 @@ class Render(Generic[T]):
         if not parked:
             self._dispatch()
 
-    def _close_chunks(self) -> None:
+    def _measure(self, item: T, started: float) -> None:
+        """What the step that made ``item`` cost, and the audio it holds."""
+        now = time.monotonic()
+        took = now - started
+        if self._cost is None:
+            self._workers.first_step_took(took)
+        self._cost = took
+        if self._seconds is None:
+            return
+        seconds = self._seconds(item)
+        first = self._first_out is None
+        if first:
+            self._first_out = now
+            self._workers.playing(self, True)
+        elif self._last_seconds > 0:
+            # Windows grow (the synthesizer doubles them up to a largest): the next step
+            # costs as much more as this one's audio grew over the one before.
+            self._cost = took * min(2.0, max(1.0, seconds / self._last_seconds))
+        self._last_seconds = seconds
+        self._handed += seconds
+        # The first step also ran the sentence's text encoder and durations, once: it says
+        # nothing of the pace the stream needs from here on.
+        if seconds > 0 and not first:
+            rtf = took / seconds
+            self.rtf = rtf if self.rtf == 0.0 else self.rtf + _SMOOTHING * (rtf - self.rtf)
+
+    def _end(self) -> None:
+        self._workers.playing(self, False)
         close = getattr(self._chunks, "close", None)  # a generator's: its cleanup runs here
         if close is not None:
             close()

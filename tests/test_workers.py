@@ -108,6 +108,51 @@ async def test_concurrent_renders_take_turns_chunk_by_chunk(workers) -> None:
     assert "".join(tag for tag, _, _ in log) == "ab" * 20
 
 
+def slow_chunks(n: int, log: list[str], tag: str) -> Iterator[int]:
+    """n chunks of 10 ms of work each, noting the order they were made in."""
+    for i in range(n):
+        time.sleep(0.01)
+        log.append(tag)
+        yield i
+
+
+@pytest.mark.parametrize(("audio", "b_waits"), [(10.0, False), (0.001, True)])
+async def test_a_new_stream_starts_unless_a_playing_one_would_run_out(
+        workers, audio: float, b_waits: bool) -> None:
+    """One worker. Stream a plays; b arrives. With seconds of audio out per chunk, a has time
+    to spare and b's first chunk goes next; with a millisecond per chunk, a is always about
+    to run out and keeps the worker until it is done."""
+    pool = workers(1)
+    log: list[str] = []
+    a = Render(slow_chunks(20, log, "a"), pool, limit=100, seconds=lambda _: audio)
+    assert await a.get() == 0  # a plays from its first chunk
+    b = Render(slow_chunks(3, log, "b"), pool, limit=100, seconds=lambda _: audio)
+    before = log.count("a")
+    rest_a, all_b = await asyncio.gather(take_all(a), take_all(b))
+    assert rest_a == list(range(1, 20)) and all_b == [0, 1, 2]
+    a_before_b = log.index("b") - before
+    if b_waits:
+        assert log.index("b") > log.index("a", before) and "a" not in log[log.index("b"):]
+    else:
+        assert a_before_b <= 1, log
+
+
+async def test_a_stream_that_cannot_fit_in_real_time_waits_and_is_counted(workers) -> None:
+    """One worker; stream a needs all of it (10 ms of work per 10 ms of audio): b waits until
+    a is done, and the workers say so meanwhile."""
+    pool = workers(1)
+    log: list[str] = []
+    a = Render(slow_chunks(30, log, "a"), pool, limit=100, seconds=lambda _: 0.01)
+    for i in range(3):  # a plays, and its pace is measured
+        assert await a.get() == i
+    b = Render(slow_chunks(2, log, "b"), pool, limit=100, seconds=lambda _: 0.01)
+    await asyncio.sleep(0.05)
+    assert pool.held == 1
+    assert await take_all(a) == list(range(3, 30))
+    assert await take_all(b) == [0, 1]
+    assert log.index("b") > len(log) - 3 and pool.held == 0
+
+
 async def test_a_parked_render_holds_no_thread(workers) -> None:
     """One worker: a render nobody reads stops after `limit` chunks, and another one runs."""
     pool = workers(1)

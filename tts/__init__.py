@@ -11,13 +11,8 @@ require_runnable_torch()
 
 from .audio import AudioFormat, to_pcm16, wav_bytes  # noqa: E402
 from .catalog import DEFAULT_VOICE, UnknownVoice, VoiceCatalog  # noqa: E402
-from .stream import (  # noqa: E402
-    AudioChunk,
-    SynthesisOptions,
-    Synthesizer,
-    default_threads,
-    set_threads,
-)
+from .stream import AudioChunk, SynthesisOptions, Synthesizer  # noqa: E402
+from .threads import default_threads, set_threads  # noqa: E402
 from .voice import Voice, VoiceError, VoiceInfo  # noqa: E402
 
 __all__ = [

@@ -15,7 +15,15 @@
   idle ``herald run`` at 334 MB resident instead of 348. Not after every synthesis: the next
   one would fault the pages in again (a short command's first audio 22.8 -> 24.2 ms).
 
-Elsewhere than glibc (musl, macOS) both do nothing.
+* **Library code that was only needed to start, unmapped.** Importing torch maps in more
+  than a hundred megabytes of its libraries' code (their initialisers touch it) that
+  synthesis never runs again, and every mapped page counts in the process's resident size.
+  ``release_startup_code`` drops the clean code pages from this process's mappings once,
+  before a voice is loaded: they stay in the page cache, and the pages synthesis runs come
+  back from there at first use (a minor fault each, once). bench/README.md has what it
+  takes off the peak.
+
+Elsewhere than glibc (musl, macOS) the first two do nothing, elsewhere than Linux the third.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ log = logging.getLogger(__name__)
 
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+_MADV_DONTNEED = 4
 MMAP_THRESHOLD = 1 << 20  # bytes
 
 
@@ -42,6 +51,7 @@ def _glibc() -> Any:
         libc = ctypes.CDLL(None)
         libc.malloc_trim.argtypes = [ctypes.c_size_t]
         libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     except (OSError, AttributeError):
         return None
     return libc
@@ -76,3 +86,37 @@ def release_free_memory(why: str) -> bool:
         log.debug("%s: %.0f MB of freed memory handed back (resident now %.0f MB)", why,
                   before - after, after)
     return released
+
+
+_released = False
+
+
+def release_startup_code() -> int:
+    """Once per process: drop the mapped pages of loaded libraries' code that nothing has
+    written to (``/proc/self/smaps``: executable, file-backed, no private dirty page). Returns
+    the mappings dropped."""
+    global _released
+    libc = _glibc()
+    if _released or libc is None:
+        return 0
+    _released = True
+    dropped = 0
+    try:
+        with open("/proc/self/smaps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return 0
+    span: tuple[int, int] | None = None
+    for line in lines:
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            span = None
+            if len(head) >= 6 and head[1] == "r-xp" and head[5].startswith("/"):
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                span = (lo, hi)
+        elif span is not None and head[0] == "Private_Dirty:":
+            if head[1] == "0" and libc.madvise(span[0], span[1] - span[0], _MADV_DONTNEED) == 0:
+                dropped += 1
+            span = None
+    log.debug("dropped the mapped pages of %d library code mappings", dropped)
+    return dropped

@@ -12,9 +12,7 @@ later windows grow so that the per-window overhead costs little.
 from __future__ import annotations
 
 import math
-import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -22,46 +20,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .cpu import usable_threads
 from .flow_stream import StreamingFlow
 from .generator_stream import StreamingGenerator
-from .memory import pin_mmap_threshold
 from .phonemize import phoneme_ids, phonemize
+from .threads import governed
 from .vits import Vits, nhwc
 from .voice import Voice
-
-_threads_lock = threading.Lock()
-
-
-def cores() -> int:
-    """CPU cores this process may run on (its affinity, e.g. a systemd ``CPUAffinity``)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def default_threads() -> int:
-    """Intra-op threads when none are configured: two where there are two cores or more.
-
-    A lone synthesis at 2 threads runs ~1.5x faster than at 1 (first audio and real-time
-    factor alike); beyond 2 it gains little, and the cores left over serve concurrent
-    requests better as more workers.
-    """
-    return min(2, cores())
-
-
-def set_threads(n: int) -> None:
-    """Intra-op threads for every synthesis in this process (torch's setting is global); fewer
-    where this machine cannot run that many (``tts.cpu``).
-
-    Also pins glibc's mmap threshold (``tts.memory``): every process that synthesizes calls
-    this first.
-    """
-    n = usable_threads(n)
-    with _threads_lock:
-        if n > 0 and torch.get_num_threads() != n:
-            torch.set_num_threads(n)
-        pin_mmap_threshold()
 
 
 @dataclass(frozen=True)
@@ -161,11 +125,12 @@ class Synthesizer:
 
     def stream_ids(self, ids: list[int], opts: SynthesisOptions,
                    generator: torch.Generator | None = None) -> Iterator[tuple[np.ndarray, bool]]:
-        """Audio of one sentence in chunks; the flag marks the last one."""
+        """Audio of one sentence in chunks; the flag marks the last one. Each chunk is
+        computed on the intra-op threads ``tts.threads`` gives it."""
         parts, g = self.prior_parts(ids, opts, generator)
         pace = FlowPace(self.sample_rate)
-        yield from decode_windows(self.model, parts, g, opts.gain, self.first_window,
-                                  self.max_window, pace)
+        yield from governed(decode_windows(self.model, parts, g, opts.gain, self.first_window,
+                                           self.max_window, pace))
 
     def synthesize(self, text: str, options: SynthesisOptions = SynthesisOptions()) -> np.ndarray:
         """Whole text decoded one sentence at a time in one shot (reference for tests)."""

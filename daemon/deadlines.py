@@ -1,0 +1,79 @@
+"""Which render computes its next chunk when several wait for the synthesis workers.
+
+A stream's listener starts playing at its first chunk; from then on the stream has a
+deadline, the moment the audio handed out so far runs out, and missing it is an audible
+gap. Taking turns chunk by chunk ignores that: a new stream's first, expensive window
+delays every playing stream, whether or not they have audio to spare. So:
+
+* a stream that has not started (or a job that is not a stream at all, such as a voice
+  loading) goes first, in the order they came, unless computing its next step would make a
+  playing stream miss its deadline;
+* otherwise the playing stream whose audio runs out first goes (earliest deadline first);
+* a new stream is admitted only while the streams already playing leave the workers room
+  for one more in real time (the sum of their real-time factors); until then it waits, and
+  says so, rather than making every stream stutter.
+
+Pure functions on plain values: ``daemon.workers`` measures and calls them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+HEADROOM = 0.8  # of the workers' time: what playing streams may need together
+MARGIN = 0.02  # seconds: a deadline counts as kept only with this much to spare
+
+
+@dataclass(frozen=True)
+class Due:
+    """What the scheduler knows of one waiting job."""
+
+    queued: float  # when it joined the queue (monotonic seconds)
+    cost: float  # its next step's estimated seconds
+    runs_out: float | None = None  # a playing stream's deadline; None: not playing (yet)
+    rtf: float | None = None  # a stream's compute seconds per second of audio, so far
+    stream: bool = False  # a stream: subject to admission until it plays
+
+
+def feasible(first_cost: float, playing: Sequence[Due], now: float,
+             margin: float = MARGIN) -> bool:
+    """Whether every playing stream still meets its deadline if a step of ``first_cost``
+    seconds runs first and the playing ones then take one step each, earliest deadline
+    first."""
+    t = now + first_cost
+    for due in sorted(playing, key=lambda d: d.runs_out or 0.0):
+        t += due.cost
+        assert due.runs_out is not None
+        if t + margin > due.runs_out:
+            return False
+    return True
+
+
+def admitted(new: Due, playing_rtfs: Sequence[float], workers: int,
+             headroom: float = HEADROOM) -> bool:
+    """Whether a stream that has not started may start beside streams needing
+    ``playing_rtfs`` of the workers' time: always the first one, then while one more like
+    the heaviest playing one fits."""
+    if not new.stream or not playing_rtfs:
+        return True
+    return sum(playing_rtfs) + max(playing_rtfs) <= headroom * workers
+
+
+def pick(waiting: Sequence[Due], now: float, playing_rtfs: Sequence[float] = (),
+         workers: int = 1) -> int | None:
+    """Index of the job in ``waiting`` to run next; None: none may run now (the only ones
+    waiting are new streams that do not fit, see ``admitted``).
+
+    ``playing_rtfs``: the real-time factors of every stream playing now, waiting or not
+    (a stream whose listener has enough buffered is not in ``waiting`` but needs its share)."""
+    playing = [i for i, d in enumerate(waiting) if d.runs_out is not None]
+    others = [i for i, d in enumerate(waiting) if d.runs_out is None
+              and admitted(d, playing_rtfs, workers)]
+    if others:
+        first = min(others, key=lambda i: waiting[i].queued)
+        if feasible(waiting[first].cost, [waiting[i] for i in playing], now):
+            return first
+    if playing:
+        return min(playing, key=lambda i: waiting[i].runs_out or 0.0)
+    return None
