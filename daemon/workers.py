@@ -16,10 +16,9 @@ more in real time. A render whose consumer has ``limit`` chunks it has not taken
 speaker playing in real time, a stalled client) is parked, holding no thread, until the
 consumer takes one.
 
-Before this, a thread per stream asked a worker for each chunk, waited for it and passed it
-to the loop: four thread wake-ups per chunk, and at two intra-op threads on two cores that
-thread's Python, running just as a request started, took a core from the OpenMP team (the
-short command's first audio 21-23 ms instead of 19 in one process; bench/README.md).
+Chunks go from the worker to the loop directly, not through a thread per stream that waits
+on the worker: such a thread's Python, running just as a request starts, takes a core from
+the OpenMP team (bench/README.md has what that cost).
 """
 
 from __future__ import annotations
