@@ -4,15 +4,14 @@ of the line ``systemctl status`` shows.
 
 Work reaches herald two ways: through the scheduler (MQTT, Hermes, the speaker) and straight
 to the engine, answered on the connection it came in on (Wyoming, HTTP). The scheduler knows
-its own; the direct fronts say when they begin and end serving a request (``serving``). Every
+its own; the direct fronts say when they begin and end serving a request. Every
 latency record, from any front, becomes ``last_latency``. Listeners hear of each change.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from .metrics import LatencyRecord
@@ -54,14 +53,6 @@ class Status:
     def end(self, request_id: str) -> None:
         if self._serving.pop(request_id, None) is not None:
             self.changed()
-
-    @contextlib.contextmanager
-    def serving(self, request_id: str, front: str) -> Iterator[None]:
-        self.begin(request_id, front)
-        try:
-            yield
-        finally:
-            self.end(request_id)
 
     def latency(self, record: LatencyRecord) -> None:
         """A metrics listener: every front's latency record is the last latency."""
