@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from daemon import __version__
-from daemon.discovery import discovery_payload
+from daemon.fronts.mqtt.discovery import discovery_payload
 from daemon.topics import TopicError, Topics, check_publish_topic
 
 ABBREVIATIONS = {"p": "platform", "dev": "device", "o": "origin", "cmps": "components",

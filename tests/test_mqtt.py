@@ -40,7 +40,7 @@ from mqtt_client import BASE, DEVICE, Client, Msg
 from paho.mqtt.enums import CallbackAPIVersion
 from synthetic_voice import VARIANTS, export_like_piper, random_model
 
-from daemon.hermes import decode_wav
+from daemon.fronts.mqtt.hermes import decode_wav
 from daemon.request import Limits, RequestError, parse_say, parse_stream_piece
 from tts import AudioFormat, SynthesisOptions, wav_bytes
 from tts.audio import wav_stream_header

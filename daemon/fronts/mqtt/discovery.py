@@ -21,10 +21,15 @@ Two things Home Assistant does not do the way one would guess:
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
-from .topics import Topics
+from ...topics import AVAILABILITY_ONLINE, Topics
+from .extension import Extension, Message, Route
+
+log = logging.getLogger(__name__)
 
 # The latency sensors read the retained status, whose last_latency is null until the first
 # utterance; rendering None makes HA show "unknown" instead of logging a template error.
@@ -86,3 +91,34 @@ def discovery_payload(topics: Topics, version: str, voices: Sequence[str],
         "qos": 1,
         "cmps": components,
     }
+
+
+class Discovery(Extension):
+    """Publishes the discovery message on every connect, and again whenever Home Assistant
+    says it is back online (it forgets retained discovery only if the broker lost it)."""
+
+    name = "discovery"
+
+    def subscriptions(self) -> list[str]:
+        return [self.front.topics.ha_status]
+
+    def route(self, topic: str) -> Route | None:
+        if topic == self.front.topics.ha_status:
+            return Route(self._on_ha_status, retained_ok=True)
+        return None
+
+    def connected(self) -> None:
+        self.publish()
+
+    def publish(self) -> None:
+        front = self.front
+        voices = [i.name for i in front.ctx.engine.catalog.infos()]
+        payload = discovery_payload(front.topics, front.ctx.version, voices)
+        front.publish(front.topics.discovery, json.dumps(payload), 1, True)
+
+    def _on_ha_status(self, msg: Message) -> None:
+        if msg.payload.strip() == b"online":
+            log.info("MQTT: Home Assistant is online: republishing discovery")
+            self.front.publish(self.front.topics.availability, AVAILABILITY_ONLINE, 1, True)
+            self.front.publish_status()
+            self.publish()

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import struct
 import wave
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .request import (
+from ...request import (
     Limits,
     Request,
     RequestError,
@@ -28,7 +29,14 @@ from .request import (
     json_object,
     new_id,
 )
-from .topics import TopicError, check_request_id
+from ...scheduler import TERMINAL
+from ...topics import TopicError, Topics, check_request_id
+from .extension import Extension, Message, Route
+
+if TYPE_CHECKING:
+    from .session import MqttFront
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -145,3 +153,76 @@ def parse_hermes_play(hermes_id: str, payload: bytes, site_id: str,
 
 def play_finished(hermes_id: str, site_id: str) -> str:
     return json.dumps({"id": hermes_id, "siteId": site_id, "sessionId": None})
+
+
+class Hermes(Extension):
+    """``hermes/tts/say`` and the audio server's ``playBytes`` for our site, each answered
+    once its request ends."""
+
+    name = "hermes"
+
+    def __init__(self, front: MqttFront) -> None:
+        super().__init__(front)
+        self._site = front.settings.hermes.site_id
+        self._replies: dict[str, tuple[str, str]] = {}  # request id -> reply (topic, payload)
+        self._play_bytes: str | None = None
+
+    def start(self) -> None:
+        try:
+            self._play_bytes = Topics.hermes_play_bytes(self._site)
+        except TopicError as e:
+            log.error("MQTT: Hermes playBytes is off: %s", e)
+
+    def subscriptions(self) -> list[str]:
+        return [Topics.HERMES_SAY] + ([self._play_bytes] if self._play_bytes else [])
+
+    def route(self, topic: str) -> Route | None:
+        if topic == Topics.HERMES_SAY:
+            return Route(self._on_say, retained_ok=True)
+        if self._play_bytes:
+            play_id = Topics.hermes_play_bytes_id(topic, self._site)
+            if play_id is not None:
+                # retained_ok: a retained WAV is refused by the handler, which still replies
+                return Route(lambda msg: self._on_play_bytes(play_id, msg), retained_ok=True)
+        return None
+
+    def on_event(self, ev: dict[str, Any]) -> None:
+        if ev["event"] in TERMINAL:
+            reply = self._replies.pop(ev["id"], None)
+            if reply is not None:
+                self.front.publish(*reply, 1, False)
+
+    def _on_say(self, msg: Message) -> None:
+        front = self.front
+        say = parse_hermes_say(msg.payload, self._site, front.limits(), msg.timeline)
+        if say is None:
+            return
+        front.scheduler_for(say.request.id).submit(say.request)
+        self._replies[say.request.id] = (Topics.HERMES_SAY_FINISHED, say_finished(say))
+
+    def _on_play_bytes(self, hermes_id: str, msg: Message) -> None:
+        """A WAV to play on the speaker, in the queue like speech. playFinished always
+        follows, also for a WAV refused here: Rhasspy's dialogue waits for it."""
+        front, topic = self.front, msg.topic
+        reply = (Topics.hermes_play_finished(self._site), play_finished(hermes_id, self._site))
+        try:
+            if msg.retained:
+                raise RequestError("retained playBytes ignored: publish audio without the "
+                                   "retain flag (clear it with an empty retained message)")
+            play = parse_hermes_play(hermes_id, msg.payload, self._site, msg.timeline)
+            req = play.request
+            if req.id in front.seen:
+                raise RequestError(f"duplicate request id {req.id!r}: already received, not "
+                                   "played twice", req.id)
+            front.scheduler_for(req.id).submit(req)
+        except RequestError as e:
+            front.error(topic, str(e), e.id)
+            front.publish(*reply, 1, False)
+            return
+        except Exception as e:
+            log.exception("MQTT: handling a message on %s failed", topic)
+            front.error(topic, f"internal error: {e}")
+            front.publish(*reply, 1, False)
+            return
+        front.seen.add(req.id)
+        self._replies[req.id] = reply

@@ -1,0 +1,132 @@
+"""herald's own MQTT commands: ``say``, ``say/stream``, ``stop``, ``set/volume`` and
+``set/voice`` under the base topic."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+from tts import VoiceError
+
+from ...request import (
+    RequestError,
+    decode_text,
+    json_object,
+    parse_json,
+    parse_say,
+    parse_stream_piece,
+    stream_request,
+)
+from ...scheduler import TERMINAL
+from .extension import Extension, Message, Route
+from .reassembly import Cancellable, Reassembly
+
+if TYPE_CHECKING:
+    from .session import MqttFront
+
+log = logging.getLogger(__name__)
+
+_STOP_TEXT_MAX = 256  # bytes: "PRESS", "stop", {"id": ...}
+
+
+class Commands(Extension):
+    name = "commands"
+
+    def __init__(self, front: MqttFront) -> None:
+        super().__init__(front)
+        self.streams = Reassembly(front.settings.max_text, front.settings.stream_timeout,
+                                  self._call_later, front.seen)
+        topics = front.topics
+        self._routes = {topics.say: Route(self._on_say),
+                        topics.say_stream: Route(self._on_stream),
+                        topics.stop: Route(self._on_stop),
+                        topics.set_volume: Route(self._on_volume),
+                        topics.set_voice: Route(self._on_voice)}
+
+    def _call_later(self, delay: float, fn: Any) -> Cancellable:
+        return self.front.loop.call_later(delay, fn)
+
+    def stop(self) -> None:
+        self.streams.close()
+
+    def subscriptions(self) -> list[str]:
+        return self.front.topics.commands()
+
+    def route(self, topic: str) -> Route | None:
+        return self._routes.get(topic)
+
+    def on_event(self, ev: dict[str, Any]) -> None:
+        if ev["event"] in TERMINAL:
+            self.streams.end(ev["id"])
+
+    def _on_say(self, msg: Message) -> None:
+        front = self.front
+        req = parse_say(msg.payload, front.limits(), front.name, msg.timeline)
+        if req.id in front.seen:
+            raise RequestError(f"duplicate request id {req.id!r}: already received, not "
+                               "spoken twice", req.id)
+        front.scheduler_for(req.id).submit(req)
+        front.seen.add(req.id)  # only once accepted: a refused request may be sent again
+
+    def _on_stream(self, msg: Message) -> None:
+        front = self.front
+        piece = parse_stream_piece(msg.payload)
+        self.streams.take(
+            piece, lambda p: stream_request(p, front.limits(), front.name, msg.timeline),
+            lambda req: front.scheduler_for(req.id).submit(req))
+
+    def _on_stop(self, msg: Message) -> None:
+        payload = msg.payload
+        if len(payload) > _STOP_TEXT_MAX:
+            raise RequestError("stop payload too long: send nothing, PRESS, or {\"id\": \"...\"}")
+        text = decode_text(payload).strip()
+        scheduler = self.front.scheduler_for()
+        if not text.startswith("{"):
+            stopped = scheduler.stop()
+            log.info("MQTT stop: stopped %s", ", ".join(stopped) or "nothing (idle)")
+            return
+        request_id = json_object(text, '{"id": "..."}').get("id")
+        if not isinstance(request_id, str):
+            raise RequestError("stop JSON must be {\"id\": \"...\"}")
+        scheduler.stop(request_id)
+
+    def _on_volume(self, msg: Message) -> None:
+        payload = msg.payload
+        text = decode_text(payload[:64]).strip() if len(payload) <= 64 else None
+        try:
+            value = float(json.loads(text)) if text else math.nan
+        except (ValueError, TypeError):
+            value = math.nan
+        if not 0.0 <= value <= 1.0:
+            shown = repr(text) if text is not None else f"{len(payload)} bytes"
+            raise RequestError(f"volume must be a number from 0 to 1 (got {shown})")
+        log.info("MQTT: volume set to %.2f", value)
+        self.front.ctx.state.set_volume(value)  # the speaker and the status follow
+
+    def _on_voice(self, msg: Message) -> None:
+        ctx = self.front.ctx
+        text = decode_text(msg.payload).strip()
+        if text.startswith("{") or text.startswith('"'):
+            data = parse_json(text)
+            name = data.get("voice") if isinstance(data, dict) else data
+            if not isinstance(name, str):
+                raise RequestError("set/voice takes a voice name, or {\"voice\": \"NAME\"}")
+            text = name.strip()
+        if not text:
+            raise RequestError("empty voice name; installed: " + ", ".join(
+                i.name for i in ctx.engine.catalog.infos()))
+        try:
+            voice = self.front.resolve_voice(text)
+        except VoiceError as e:
+            raise RequestError(str(e)) from None
+        log.info("MQTT: default voice set to %s", voice)
+        ctx.state.set_voice(voice)  # the status follows
+        self.front.spawn(self._preload(voice))
+
+    async def _preload(self, voice: str) -> None:
+        try:
+            await self.front.ctx.engine.preload(voice)
+        except Exception as e:
+            log.error("could not load voice %s: %s", voice, e)
