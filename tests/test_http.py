@@ -25,7 +25,8 @@ from audio_checks import assert_speech, pcm16, reference_pcm
 from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.context import Context
-from daemon.fronts.http import HttpFront, HttpSettings, _unique_filename
+from daemon.fronts.http import HttpFront, HttpSettings
+from daemon.fronts.http.batch import unique_filename
 from daemon.metrics import LatencyRecord, Metrics
 from tts import SynthesisOptions
 
@@ -246,7 +247,7 @@ async def test_ssml_breaks_on_every_endpoint(start) -> None:  # type: ignore[no-
 
 def test_batch_filenames_are_safe_and_unique() -> None:
     taken: set[str] = set()
-    names = [_unique_filename(raw, i, taken) for i, raw in enumerate(
+    names = [unique_filename(raw, i, taken) for i, raw in enumerate(
         ["a", "A.WAV", "..\\..\\evil", "/abs/path/x.wav", "", "ünï cödé?", "...", None])]
     assert names == ["a.wav", "A-2.wav", "evil.wav", "x.wav", "005.wav", "ünï_cödé.wav",
                      "007.wav", "008.wav"]
