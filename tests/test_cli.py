@@ -89,6 +89,18 @@ def test_voices_lists_the_default() -> None:
     assert "en_US-joe-medium" in table and "medium" in table
 
 
+def test_voices_loads_no_front() -> None:
+    """`herald voices` reads the settings and the catalog only: the settings import no front,
+    so listing voices never loads the network libraries."""
+    code = ("import sys\nfrom daemon.cli import main\nassert main(['voices']) == 0\n"
+            "print(' '.join(m for m in ('aiohttp', 'wyoming', 'paho') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 0, r.stderr
+    assert "en_US-joe-medium" in r.stdout
+    assert r.stdout.splitlines()[-1] == "", f"loaded: {r.stdout.splitlines()[-1]}"
+
+
 def test_voices_and_say_read_the_configs_voices(tmp_path: Path) -> None:
     """A voice added in voices.directories is seen by `herald voices` as by the daemon."""
     voices = tmp_path / "voices"

@@ -2,7 +2,7 @@
 /tts/stream and what every synthesis route shares), ``openai`` (/v1/audio/speech), ``batch``
 (/tts/batch), ``fields`` (reading and checking a request's fields)."""
 
+from ...settings import HttpSettings
 from .app import HttpFront
-from .settings import HttpSettings
 
 __all__ = ["HttpFront", "HttpSettings"]

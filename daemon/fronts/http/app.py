@@ -29,11 +29,11 @@ from ...request import (
     RequestError,
     TextTooLong,
 )
+from ...settings import HttpSettings
 from .. import is_loopback_host
 from .batch import batch
 from .fields import ApiError
 from .openai import openai_speech
-from .settings import HttpSettings
 from .speech import SpeechApi
 
 log = logging.getLogger("daemon.fronts.http")

@@ -27,6 +27,7 @@ from ...request import (
     SEED_RANGE,
     check_text,
 )
+from ...settings import HttpSettings
 from .fields import (
     SPEECH_FIELDS,
     ApiError,
@@ -41,7 +42,6 @@ from .fields import (
     speaker_field,
     string_field,
 )
-from .settings import HttpSettings
 
 log = logging.getLogger("daemon.fronts.http")
 

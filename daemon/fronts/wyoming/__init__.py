@@ -4,7 +4,7 @@
 there); ``output`` sends a request's audio; ``protocol`` holds the refusals and event checks;
 ``describe`` answers ``describe``; ``announce`` is the zeroconf announcement."""
 
+from ...settings import WyomingSettings
 from .server import WyomingFront
-from .settings import WyomingSettings
 
 __all__ = ["WyomingFront", "WyomingSettings"]

@@ -9,8 +9,8 @@ import socket
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
+from ...settings import WyomingSettings
 from .. import is_loopback_host
-from .settings import WyomingSettings
 
 if TYPE_CHECKING:
     from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf

@@ -18,12 +18,12 @@ from tts import (
 )
 
 from ...context import Context
+from ...settings import WyomingSettings
 from .. import is_loopback_host
 from .announce import Announcement
 from .describe import describe, voice_versions
 from .protocol import FRONT, WyomingError
 from .session import Connection
-from .settings import WyomingSettings
 
 log = logging.getLogger("herald.wyoming")
 
