@@ -47,6 +47,7 @@ from .fronts.wyoming import WyomingSettings
 from .request import RATE_RANGE
 from .sinks.speaker import SpeakerSettings
 from .topics import Topics
+from .voice_download import DEFAULT_CATALOG
 
 ENV_PREFIX = "HERALD_"
 CONFIG_LOCATIONS = (Path("herald.toml"), Path("/etc/herald/herald.toml"))
@@ -79,6 +80,9 @@ class VoicesSettings(_Section):
     # Keep the loaded voices' memory warm while idle, for VM hosts that let it go cold
     # (daemon.engine.Engine.keep_warm): "auto" measures at start-up, "on", "off".
     keep_warm: KeepWarm = "auto"
+    # Piper's voices.json, for `herald voices --available` and `download`; the voice files
+    # are fetched from beside it (daemon.voice_download).
+    catalog_url: str = DEFAULT_CATALOG
 
     @field_validator("default", mode="before")
     @classmethod
