@@ -238,11 +238,14 @@ def _fetch(url: str, part: Path, remote: RemoteFile) -> None:
                                     "run the same command again to resume") from None
             finally:
                 progress.close()
-    if have != remote.size:
-        if have > remote.size:
-            part.unlink(missing_ok=True)
-        raise DownloadError(f"{remote.name}: got {have} bytes, the catalog says "
-                            f"{remote.size}; run the same command again to resume")
+    if have > remote.size:
+        part.unlink(missing_ok=True)
+        raise DownloadError(f"{remote.name}: the server sent {have} bytes, the catalog says "
+                            f"{remote.size}; the file was deleted and nothing was installed")
+    if have < remote.size:  # the connection ended early without an error
+        raise DownloadError(f"{remote.name}: the download was interrupted after "
+                            f"{_mb(have)} of {_mb(remote.size)}; run the same command again "
+                            "to resume")
     if digest.hexdigest() != remote.md5.lower():
         part.unlink(missing_ok=True)
         raise DownloadError(f"{remote.name}: checksum mismatch (MD5 {digest.hexdigest()}, the "
