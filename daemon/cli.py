@@ -206,26 +206,16 @@ def _catalog(args: argparse.Namespace) -> VoiceCatalog:
 
 
 def _cmd_voices(args: argparse.Namespace) -> int:
-    import json
+    from . import voice_commands
 
-    if args.action == "download" or args.available:
-        from .voice_commands import available, download
-
-        return download(args) if args.action == "download" else available(args)
+    if args.action == "download":
+        return voice_commands.download(args)
+    if args.available:
+        return voice_commands.available(args)
     if args.language:
         print("herald voices: --language goes with --available", file=sys.stderr)
         return 2
-    catalog = _catalog(args)
-    rows = [i.summary(i.name == catalog.default) for i in catalog.infos()]
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    print(f"{'NAME':32} {'LANGUAGE':9} {'QUALITY':8} {'RATE':>6} {'SPEAKERS':>8}")
-    for r in rows:
-        star = " (default)" if r["default"] else ""
-        print(f"{r['name']:32} {r['language']:9} {r['quality']:8} {r['sample_rate']:>6} "
-              f"{r['speakers']:>8}{star}")
-    return 0
+    return voice_commands.installed(_catalog(args), args.json)
 
 
 def _read_text(arg: str) -> str | None:

@@ -1,5 +1,5 @@
-"""``herald voices --available`` and ``herald voices download``: what the user sees of the
-catalog (``daemon.voice_download`` does the fetching and checking)."""
+"""``herald voices`` (installed), ``--available`` and ``download``: what the user sees of
+the voices (``daemon.voice_download`` does the fetching and checking)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tts import VoiceCatalog
 
@@ -24,7 +26,26 @@ from .voice_download import (
 log = logging.getLogger("herald")
 
 
-def _installed(args: argparse.Namespace, directories: list[Path]) -> set[str]:
+def _print(rows: list[dict[str, Any]], as_json: bool, header: str,
+           line: Callable[[dict[str, Any]], str]) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+        return
+    print(header)
+    for row in rows:
+        print(line(row))
+
+
+def installed(catalog: VoiceCatalog, as_json: bool) -> int:
+    """List the installed voices (the config's directories, ``--voice-dir``, bundled)."""
+    rows = [i.summary(i.name == catalog.default) for i in catalog.infos()]
+    _print(rows, as_json, f"{'NAME':32} {'LANGUAGE':9} {'QUALITY':8} {'RATE':>6} {'SPEAKERS':>8}",
+           lambda r: f"{r['name']:32} {r['language']:9} {r['quality']:8} {r['sample_rate']:>6} "
+           f"{r['speakers']:>8}" + (" (default)" if r["default"] else ""))
+    return 0
+
+
+def _installed_names(args: argparse.Namespace, directories: list[Path]) -> set[str]:
     return {i.name for i in VoiceCatalog([*directories, *args.voice_dir]).infos()}
 
 
@@ -41,17 +62,12 @@ def available(args: argparse.Namespace) -> int:
         want = args.language.replace("-", "_").lower()
         offered = [v for v in offered if v.language.lower() == want
                    or v.language.lower().split("_")[0] == want]
-    installed = _installed(args, voices_settings.directories)
-    rows = [v.summary(v.name in installed) for v in offered]
-    if args.json:
-        print(json.dumps(rows, indent=2, ensure_ascii=False))
-        return 0
-    print(f"{'NAME':36} {'LANGUAGE':9} {'QUALITY':8} {'SPEAKERS':>8} {'SIZE':>9}")
-    for r in rows:
-        mark = " (installed)" if r["installed"] else ""
-        print(f"{r['name']:36} {r['language']:9} {r['quality']:8} {r['speakers']:>8} "
-              f"{r['size_bytes'] / 1e6:>6.1f} MB{mark}")
-    if not rows:
+    here = _installed_names(args, voices_settings.directories)
+    rows = [v.summary(v.name in here) for v in offered]
+    _print(rows, args.json, f"{'NAME':36} {'LANGUAGE':9} {'QUALITY':8} {'SPEAKERS':>8} {'SIZE':>9}",
+           lambda r: f"{r['name']:36} {r['language']:9} {r['quality']:8} {r['speakers']:>8} "
+           f"{r['size_bytes'] / 1e6:>6.1f} MB" + (" (installed)" if r["installed"] else ""))
+    if not rows and not args.json:
         print(f"no voice of {args.language!r} in the catalog" if args.language
               else "the catalog lists no voices", file=sys.stderr)
     return 0
