@@ -146,9 +146,38 @@ def _parser() -> argparse.ArgumentParser:
                      help="torch threads, 1-64 (default: 2 where there are two cores or "
                      "more, else 1)")
 
-    voices = sub.add_parser("voices", help="list installed voices", parents=[verbose])
+    voices = sub.add_parser(
+        "voices", help="list installed voices, or those a catalog offers, and download them",
+        parents=[verbose], formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="List the installed voices (the default), the voices Piper's catalog "
+        "offers (--available), or download some (`herald voices download NAME...`).",
+        epilog="examples:\n"
+        "  herald voices --available --language de\n"
+        "  herald voices download de_DE-thorsten-medium en_GB-alan-low\n"
+        "a running herald picks a downloaded voice up by itself, without a restart")
     voices.add_argument("--json", action="store_true", help="machine-readable output")
+    voices.add_argument("--available", action="store_true",
+                        help="list what the voice catalog (voices.catalog_url) offers")
+    voices.add_argument("--language", metavar="LANG",
+                        help="with --available: only voices of this language (en, en_GB)")
     voice_dir(voices)
+    actions = voices.add_subparsers(dest="action", metavar="ACTION")
+    download = actions.add_parser(
+        "download", help="download voices from the catalog into the voice directory",
+        parents=[verbose],
+        description="Download voices (name or alias, see --available) into the first "
+        "--voice-dir, else the first of the config's voices.directories. Each file's size "
+        "and MD5 are checked against the catalog; an interrupted download continues where "
+        "it stopped when run again; a voice appears only once complete and verified. Exit "
+        "status: 0 all installed, 1 a download failed, 2 bad input.")
+    download.add_argument("names", nargs="+", metavar="NAME", help="voice to download")
+    # SUPPRESS: given before `download`, these keep the value `voices` parsed.
+    download.add_argument("--voice-dir", action="append", type=Path, metavar="DIR",
+                          default=argparse.SUPPRESS,
+                          help="download into DIR (default: voices.directories[0])")
+    download.add_argument("--config", type=Path, metavar="FILE", default=argparse.SUPPRESS,
+                          help="config whose voices.directories and voices.catalog_url are "
+                          "used (default: ./herald.toml or /etc/herald/herald.toml)")
 
     bench = sub.add_parser("bench", parents=[verbose],
                            help="benchmark herald against piper-tts (same voice, same run)",
@@ -177,19 +206,16 @@ def _catalog(args: argparse.Namespace) -> VoiceCatalog:
 
 
 def _cmd_voices(args: argparse.Namespace) -> int:
-    import json
+    from . import voice_commands
 
-    catalog = _catalog(args)
-    rows = [i.summary(i.name == catalog.default) for i in catalog.infos()]
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    print(f"{'NAME':32} {'LANGUAGE':9} {'QUALITY':8} {'RATE':>6} {'SPEAKERS':>8}")
-    for r in rows:
-        star = " (default)" if r["default"] else ""
-        print(f"{r['name']:32} {r['language']:9} {r['quality']:8} {r['sample_rate']:>6} "
-              f"{r['speakers']:>8}{star}")
-    return 0
+    if args.action == "download":
+        return voice_commands.download(args)
+    if args.available:
+        return voice_commands.available(args)
+    if args.language:
+        print("herald voices: --language goes with --available", file=sys.stderr)
+        return 2
+    return voice_commands.installed(_catalog(args), args.json)
 
 
 def _read_text(arg: str) -> str | None:

@@ -12,6 +12,7 @@ from .engine import Engine
 from .metrics import Metrics
 from .state import DeviceState
 from .status import Status
+from .voice_watch import VoiceWatch
 
 
 @dataclass
@@ -27,6 +28,9 @@ class Context:
     # The default voice and volume as set at run time (set/voice, set/volume): every front
     # reads the default voice here. None: a fresh, unsaved one on the catalog's default.
     state: DeviceState = field(default=None)  # type: ignore[assignment]
+    # Keeps the catalog in step with the voice directories (daemon.voice_watch); fronts
+    # refresh it before listing voices. None outside the daemon (tests of one front).
+    voices: VoiceWatch | None = None
     # What herald is doing (made here, on this state): fronts that serve a request without
     # the scheduler report it through ``status.serving``; every latency record lands in it.
     status: Status = field(init=False)

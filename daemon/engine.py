@@ -76,6 +76,11 @@ class Engine:
         return self._workers.held
 
     @property
+    def rendering(self) -> bool:
+        """A synthesis is under way (a voice must not be unloaded under it)."""
+        return self._active > 0
+
+    @property
     def warm_sweeps(self) -> int:
         """Reads of the idle voices' memory so far."""
         return self._warmer.sweeps

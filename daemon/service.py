@@ -3,7 +3,8 @@
 Like zigbee2mqtt's controller, each part (speaker, embedded broker, MQTT, Wyoming, HTTP)
 starts and stops inside its own error boundary: a part that fails is logged and the others
 keep serving. SIGTERM / SIGINT: the current utterance is cut, ``offline`` is published and
-the process exits 0 within a few seconds.
+the process exits 0 within a few seconds. SIGHUP reloads the configuration and rescans the
+voice directories (``daemon.reload``, ``daemon.voice_watch``).
 
 systemd hooks (``notify_ready``, ``notify_status``, ``watchdog_progress``) call into
 ``daemon.systemd`` when it is there and do nothing otherwise.
@@ -27,9 +28,11 @@ from . import __version__
 from .context import Context
 from .engine import Engine, EngineSettings
 from .metrics import Metrics
+from .reload import read_settings
 from .scheduler import Scheduler
 from .settings import ConfigError, Settings, load_settings
 from .state import STATE_FILE, DeviceState, state_directory
+from .voice_watch import VoiceWatch
 
 _systemd: Any
 try:  # written separately; until it exists the hooks are no-ops
@@ -128,13 +131,19 @@ class Part(Protocol):
 
 
 class Service:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings,
+                 load: Callable[[], Settings] | None = None) -> None:
         self.settings = settings
+        self.load = load  # reads the configuration again, as at start (SIGHUP); None: can't
         self.parts: list[Part] = []  # started, in start order
         self.ctx: Context | None = None
         self.scheduler: Scheduler | None = None
         self.mqtt: Any = None
+        self.wyoming: Any = None
+        self.voices: VoiceWatch | None = None
         self._stop = asyncio.Event()
+        self._reloading: asyncio.Task[None] | None = None
+        self._serving = False  # started: SIGHUP reloads from then on
         self._last_status = ""
         self.workers_ended = True  # False from the engine's start until its workers end
 
@@ -142,15 +151,19 @@ class Service:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._signal, sig)
+        loop.add_signal_handler(signal.SIGHUP, self._hangup)
         t0 = time.monotonic()
         await self.start()
         log.info("herald %s ready in %.1f s (device %s)", __version__, time.monotonic() - t0,
                  self.settings.device_id)
+        self._serving = True
         notify_ready()
         self._status()
         assert self.scheduler is not None
         start_watchdog(self.scheduler.busy)
         await self._stop.wait()
+        if self._reloading is not None:
+            self._reloading.cancel()
         await stop_watchdog()
         notify_stopping()
         notify_status("stopping")
@@ -165,6 +178,74 @@ class Service:
         if not self._stop.is_set():
             log.info("%s received: stopping", sig.name)
         self._stop.set()
+
+    def _hangup(self) -> None:
+        if self._stop.is_set():
+            return
+        if not self._serving:
+            log.info("SIGHUP received while starting: ignored (nothing to reload yet)")
+            return
+        if self._reloading is not None and not self._reloading.done():
+            log.info("SIGHUP received: a reload is already under way")
+            return
+        log.info("SIGHUP received: reloading the configuration and the voice directories")
+        self._reloading = asyncio.create_task(self._reload_guarded(), name="reload")
+
+    async def _reload_guarded(self) -> None:
+        try:
+            await self.reload()
+        except Exception:  # a reload must never take the running daemon down
+            log.exception("reload failed; herald keeps running as it was")
+
+    async def reload(self) -> None:
+        """Apply what can change live (``daemon.reload``), then rescan the voices."""
+        assert self.ctx is not None and self.voices is not None
+        old = self.settings
+        read = await read_settings(self.load, old) if self.load is not None else None
+        if read is not None:
+            new, changed = read
+            catalog = self.ctx.engine.catalog
+            if "log_level" in changed:
+                logging.getLogger().setLevel(new.log_level)
+            if "voices.directories" in changed:
+                catalog.directories = list(new.voices.directories)
+            await self.voices.refresh(force=True)
+            voices = old.voices.model_copy(update={"directories": new.voices.directories})
+            if "voices.default" in changed:
+                voices = self._new_default(new.voices.default, voices)
+            synthesis = old.synthesis
+            if any(k.startswith("synthesis.") for k in changed):
+                synthesis = new.synthesis
+                self._apply_synthesis(synthesis)
+            self.settings = old.model_copy(update={"log_level": new.log_level,
+                                                   "voices": voices, "synthesis": synthesis})
+            log.info("reload done: %s", ", ".join(changed) + " applied" if changed
+                     else "no setting that applies live changed")
+        else:
+            await self.voices.refresh(force=True)
+        self._status()
+
+    def _new_default(self, name: str | None, voices: Any) -> Any:
+        """Make ``name`` the default voice (and the device's, if it had the old default)."""
+        assert self.ctx is not None
+        catalog, state = self.ctx.engine.catalog, self.ctx.state
+        previous = catalog.default
+        try:
+            catalog.set_default(name)
+        except UnknownVoice as e:
+            log.error("reload: voices.default: %s; the default stays %s", e, previous)
+            return voices
+        if state.voice == previous:
+            state.set_voice(catalog.default)
+        log.info("default voice is now %s", catalog.default)
+        return voices.model_copy(update={"default": name})
+
+    def _apply_synthesis(self, syn: Any) -> None:
+        options = _synthesis_options(syn)
+        assert self.ctx is not None and self.scheduler is not None
+        self.ctx.synthesis = self.scheduler.synthesis = options
+        if self.wyoming is not None:
+            self.wyoming.options = options
 
     async def start(self) -> None:
         s = self.settings
@@ -194,12 +275,12 @@ class Service:
             if await self._start_part(candidate):
                 speaker = candidate
                 state.add_listener(lambda st: setattr(candidate, "volume", st.volume))
-        syn = s.synthesis
-        ctx.synthesis = SynthesisOptions(
-            length_scale=syn.length_scale, noise_scale=syn.noise_scale, noise_w=syn.noise_w,
-            gain=syn.gain, sentence_silence=syn.sentence_silence,
-            paragraph_silence=syn.paragraph_silence)
+        ctx.synthesis = _synthesis_options(s.synthesis)
         self.scheduler = Scheduler(engine, metrics, s.scheduler, ctx.synthesis, speaker)
+        scheduler = self.scheduler
+        self.voices = ctx.voices = VoiceWatch(
+            catalog, busy=lambda: engine.rendering or scheduler.busy(),
+            keep=lambda: {state.voice})
         ctx.scheduler = self.scheduler
         ctx.status.scheduler = self.scheduler
         self.scheduler.on_progress = watchdog_progress
@@ -211,11 +292,15 @@ class Service:
         if s.wyoming.enabled:
             from .fronts.wyoming import WyomingFront
 
-            await self._start_part(WyomingFront(s.wyoming, ctx))
+            wyoming = WyomingFront(s.wyoming, ctx)
+            if await self._start_part(wyoming):
+                self.wyoming = wyoming
+                self.voices.add_listener(lambda changes: wyoming.refresh_info())
         if s.http.enabled:
             from .fronts.http import HttpFront
 
             await self._start_part(HttpFront(s.http, ctx))
+        await self._start_part(self.voices)
 
     async def _start_mqtt(self) -> None:
         from .broker import EmbeddedBroker
@@ -235,6 +320,8 @@ class Service:
         self.scheduler.register_sink(MqttAudioSink(front.publish, topics, s.mqtt.audio))
         if await self._start_part(front):
             self.mqtt = front
+            assert self.voices is not None  # Home Assistant's Voice select follows
+            self.voices.add_listener(lambda changes: front.publish_discovery())
 
     async def _start_part(self, part: Part) -> bool:
         """Start one part inside its own error boundary; False (logged) if it failed."""
@@ -283,6 +370,14 @@ def _installed(engine: Engine, name: str) -> str | None:
         return None
 
 
+def _synthesis_options(syn: Any) -> SynthesisOptions:
+    """The request defaults from the ``[synthesis]`` section."""
+    return SynthesisOptions(
+        length_scale=syn.length_scale, noise_scale=syn.noise_scale, noise_w=syn.noise_w,
+        gain=syn.gain, sentence_silence=syn.sentence_silence,
+        paragraph_silence=syn.paragraph_silence)
+
+
 def run(config_path: Path | None, overrides: list[str]) -> int:
     """``herald run``: 0 after a clean stop, 2 on a configuration error."""
     try:
@@ -291,7 +386,7 @@ def run(config_path: Path | None, overrides: list[str]) -> int:
         print(f"herald: config error: {e}", file=sys.stderr)
         return 2
     setup_logging(settings.log_level)
-    service = Service(settings)
+    service = Service(settings, lambda: load_settings(config_path, overrides))
     try:
         code = asyncio.run(service.run())
     except VoiceError as e:

@@ -20,6 +20,7 @@ from pydantic import (
 from tts.warm import KeepWarm
 
 from ..request import RATE_RANGE
+from ..voice_download import DEFAULT_CATALOG
 
 DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -49,6 +50,9 @@ class VoicesSettings(_Section):
     # Keep the loaded voices' memory warm while idle, for VM hosts that let it go cold
     # (daemon.engine.Engine.keep_warm): "auto" measures at start-up, "on", "off".
     keep_warm: KeepWarm = "auto"
+    # Piper's voices.json, for `herald voices --available` and `download`; the voice files
+    # are fetched from beside it (daemon.voice_download).
+    catalog_url: str = DEFAULT_CATALOG
 
     @field_validator("default", mode="before")
     @classmethod

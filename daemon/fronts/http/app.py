@@ -159,6 +159,8 @@ class HttpFront:
     # ------------------------------------------------------------------ the rest
 
     async def _voices(self, request: web.Request) -> web.Response:
+        if self.ctx.voices is not None:  # a voice added since is listed
+            await self.ctx.voices.refresh()
         catalog = self.ctx.engine.catalog
         return web.json_response([i.summary(i.name == self.ctx.state.voice)
                                   for i in catalog.infos()])

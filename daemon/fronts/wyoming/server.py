@@ -61,9 +61,13 @@ class WyomingFront:
             self._info = describe(self.ctx, {})
         return self._info
 
-    async def start(self) -> None:
+    async def refresh_info(self) -> None:
+        """Describe the installed voices again (one was added or removed)."""
         versions = await asyncio.to_thread(voice_versions, self.ctx.engine.catalog.infos())
         self._info = describe(self.ctx, versions)
+
+    async def start(self) -> None:
+        await self.refresh_info()
         server = AsyncServer.from_uri(self.settings.uri)
         try:
             await server.start(lambda r, w: Connection(r, w, self))
@@ -74,7 +78,7 @@ class WyomingFront:
         self._server = server
         host = urlparse(self.settings.uri).hostname or ""
         log.info("Wyoming server listening on %s (%d voices), clients: %s", self.settings.uri,
-                 len(self._info.tts[0].voices), self.allow_text)
+                 len(self.info().tts[0].voices), self.allow_text)
         if host and not self.settings.allow and not is_loopback_host(host):
             log.warning("Wyoming is bound to %s but wyoming.allow is empty, so only loopback "
                         "clients are accepted: set wyoming.allow to Home Assistant's network, "

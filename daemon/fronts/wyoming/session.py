@@ -220,6 +220,8 @@ class Connection(AsyncEventHandler):
     async def _dispatch(self, event: Event) -> None:
         kind = event.type
         if Describe.is_type(kind):
+            if self.front.ctx.voices is not None:  # a voice added since is listed
+                await self.front.ctx.voices.refresh()
             await self.send(self.front.info().event())
         elif Synthesize.is_type(kind):
             if self.stream is not None:
