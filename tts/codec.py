@@ -21,9 +21,11 @@ Three settings make the first bytes come early:
   complete within the engine's first chunk of about 2000 samples;
 * MP3: LAME hands out frames as it completes them (with its look-ahead of one frame).
 
-Opus takes 8, 12, 16, 24 or 48 kHz; other rates (22 050 Hz voices) are resampled to the
-next of these up with ``tts.resample``. Ogg Opus decoders play back at 48 kHz whatever the
-input was.
+Opus is fed 48 kHz, resampled with ``tts.resample``: its own rate, the one Ogg Opus decoders
+play back at whatever the input was, and the cheapest to encode at libsndfile's default
+bitrate (about 64 kbit/s for mono, which libopus codes in its CELT mode; at the ~35 kbit/s
+libsndfile picks for 16 or 24 kHz input it takes the SILK path, three to five times the
+CPU).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ CONTENT_TYPES: dict[str, str] = {
 EXTENSIONS: dict[str, str] = {"mp3": ".mp3", "opus": ".opus", "flac": ".flac", "wav": ".wav",
                               "pcm": ".pcm"}
 
-OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+OPUS_RATE = 48000
 _OGG_PAGE_MS = 50.0  # SFC_SET_OGG_PAGE_LATENCY_MS: the least libsndfile takes (default 1000)
 _SFC_SET_OGG_PAGE_LATENCY_MS = 0x1302  # from sndfile.h; soundfile has no name for it
 _PIECE = 8192  # samples per libsndfile write in a stream (see _Libsndfile._write)
@@ -86,12 +88,6 @@ def check_format(name: str) -> CodecName:
     return key  # type: ignore[return-value]
 
 
-def opus_rate(rate: int) -> int:
-    """The rate Opus is fed for audio at ``rate``: the same if Opus takes it, else the next
-    rate up that it takes (no content is lost to downsampling)."""
-    return next((r for r in OPUS_RATES if r >= rate), OPUS_RATES[-1])
-
-
 class Encoder:
     """One stream of audio in one format. ``feed`` s16le PCM at ``source`` as it comes, get
     what is encoded so far; ``finish`` once, for the rest. Encoding a chunk of audio takes a
@@ -99,13 +95,15 @@ class Encoder:
     run wherever the chunk arrives.
 
     ``format`` is the codec name, ``content_type`` its MIME type, ``audio_format`` what the
-    encoded audio is (the source's, except Opus's rate).
+    encoded audio is (the source's, except Opus's rate), ``samples`` how many samples at that
+    rate have gone in so far.
     """
 
     format: CodecName
     content_type: str
     source: AudioFormat
     audio_format: AudioFormat
+    samples: int = 0
 
     def feed(self, pcm: bytes) -> bytes:
         raise NotImplementedError
@@ -148,6 +146,7 @@ class _Raw(Encoder):
         self.source = self.audio_format = source
 
     def feed(self, pcm: bytes) -> bytes:
+        self.samples += len(pcm) // (self.source.width * self.source.channels)
         return bytes(pcm)
 
     def finish(self) -> bytes:
@@ -164,7 +163,7 @@ class _WavStream(_Raw):
 
     def feed(self, pcm: bytes) -> bytes:
         head, self._header = self._header or b"", None
-        return head + bytes(pcm)
+        return head + super().feed(pcm)
 
     def finish(self) -> bytes:
         head, self._header = self._header or b"", None
@@ -206,7 +205,7 @@ class _Libsndfile(Encoder):
     def __init__(self, codec: CodecName, source: AudioFormat, stream: bool) -> None:
         spec = _CODECS[codec]
         self.format, self.content_type, self.source = codec, CONTENT_TYPES[codec], source
-        rate = opus_rate(source.rate) if codec == "opus" else source.rate
+        rate = OPUS_RATE if codec == "opus" else source.rate
         self.audio_format = AudioFormat(rate, source.width, source.channels)
         self._resampler = Resampler(source.rate, rate) if rate != source.rate else None
         self._pipe = _Pipe() if stream else None
@@ -240,7 +239,9 @@ class _Libsndfile(Encoder):
     def _write(self, pcm: bytes) -> None:
         # In pieces, each read out before the next: libsndfile's writes block while the pipe
         # is full, and a piece's encoding is far smaller than a pipe holds (64 KiB).
-        step = _PIECE * self.audio_format.width * self.audio_format.channels
+        frame = self.audio_format.width * self.audio_format.channels
+        self.samples += len(pcm) // frame
+        step = _PIECE * frame
         for start in range(0, len(pcm), step):
             self._file.buffer_write(pcm[start:start + step], dtype="int16")
             if self._pipe is not None:
