@@ -16,8 +16,8 @@ from tts.text.markup import (
     Speech,
     TagParser,
     parse,
-    say_as,
 )
+from tts.text.say_as import say_as
 
 S = Speech
 
