@@ -17,7 +17,7 @@ from tts.compose import ComposedChunk, Composer, Say, Silence, Step
 from tts.fallback import EspeakFallback
 from tts.resample import Resampler
 from tts.text.languages import Run, language_runs
-from tts.text.markup import MarkupError
+from tts.text.markup import EMPHASIS, MarkupError
 
 JOE = "en_US-joe-medium"
 ZH = "zh_CN-test-x_low"  # a random-weight 16 kHz "Chinese" voice made below
@@ -188,6 +188,43 @@ def test_rate_changes_duration(composer: Composer) -> None:
     zh = len(_audio(list(composer.stream("你好，世界", options=opts))))
     zh_slow = len(_audio(list(composer.stream("【慢速】你好，世界", options=opts))))
     assert zh_slow > 1.15 * zh
+
+
+QUIET = SynthesisOptions(seed=3, noise_scale=0.0, noise_w=0.0)  # the same durations each time
+
+
+@pytest.mark.parametrize("text,fmt,words,level", [
+    ('Please close the <emphasis level="strong">kitchen window</emphasis> now.', "ssml",
+     "kitchen window", "strong"),
+    ("Please close the <emphasis>kitchen window</emphasis> now.", "ssml", "kitchen window",
+     "moderate"),
+    ('Please close the <emphasis level="reduced">kitchen window</emphasis> now.', "ssml",
+     "kitchen window", "reduced"),
+    ("Please close the [emphasis strong]kitchen window[/emphasis] now.", "text",
+     "kitchen window", "strong"),
+    ("请把【强调】厨房的窗户【/强调】关上。", "text", "厨房的窗户", "moderate"),
+])
+def test_emphasis_is_audible(composer: Composer, text: str, fmt: str, words: str,
+                             level: str) -> None:
+    """The emphasized words' audio against the same words said plainly: longer and louder
+    (shorter and quieter for reduced) by about what the level says, and strong emphasis
+    set off by its pause."""
+    emphasis = EMPHASIS[level]
+    composition = composer.stream(text, fmt, QUIET)
+    chunks = list(composition)
+    said = _audio([c for c in chunks if c.text == words])
+    plain = _audio(list(composer.stream(words, options=QUIET)))
+    assert_speech(said, composer.sample_rate(), min_seconds=0.3)
+    length, loudness = len(said) / len(plain), rms(said) / rms(plain)
+    # A phrase stretches by less than the rate says (durations are whole frames per phoneme,
+    # and not all of a phrase's frames scale): 44-105 % of the nominal change is what these
+    # phrases give. Unemphasized, both ratios are exactly 1 (the noise is off).
+    nominal = 1 / emphasis.rate - 1
+    assert (length - 1) / nominal > 0.35, f"length x{length:.2f}, nominal x{1 + nominal:.2f}"
+    assert (loudness - 1) / (emphasis.gain - 1) > 0.6, f"rms x{loudness:.2f}"
+    assert np.abs(said).max() < 1.0, "emphasis clipped"
+    pauses = [s for s in composition.steps if isinstance(s, Silence)]
+    assert [p.seconds for p in pauses] == ([emphasis.pause] if emphasis.pause else [])
 
 
 # --- pauses ----------------------------------------------------------------------------------

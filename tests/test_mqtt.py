@@ -208,7 +208,7 @@ def test_mqtt_sink_audio_equals_synthesis(client: Client, synth: Any) -> None:
     client.say(id="ref1", text=text, sinks=["mqtt"], seed=7)
     assert client.wait_event("ref1")["event"] == "finished"
     start, pcm, stop = client.audio("ref1")
-    assert start == {"rate": synth.sample_rate, "width": 2, "channels": 1}
+    assert start == {"format": "pcm", "rate": synth.sample_rate, "width": 2, "channels": 1}
     chunk = round(synth.sample_rate * 0.1) * 2
     sizes = [len(m.payload) for m in client.msgs if "/audio/ref1/chunk/" in m.topic]
     assert all(s == chunk for s in sizes[:-1]) and 0 < sizes[-1] <= chunk

@@ -4,8 +4,11 @@ malformed SSML -> a MarkupError that says where; unknown things keep their text.
 from __future__ import annotations
 
 import pytest
+from tts.text.say_as import say_as
 
 from tts.text.markup import (
+    EMPHASIS,
+    Emphasis,
     Markup,
     MarkupError,
     ParagraphBreak,
@@ -14,7 +17,6 @@ from tts.text.markup import (
     Speech,
     TagParser,
     parse,
-    say_as,
 )
 
 S = Speech
@@ -147,7 +149,8 @@ def test_say_as_language_from_the_caller() -> None:
 
 @pytest.mark.parametrize("text,warning,segments", [
     ("<speak>a <foo>b</foo> c</speak>", "unknown element <foo>", [S("a"), S("b"), S("c")]),
-    ("<emphasis>loud</emphasis>", "<emphasis> is not supported", [S("loud")]),
+    ('<emphasis level="shouty">loud</emphasis>', "using moderate",
+     [S("loud", rate=0.88, gain=1.25)]),
     ('<prosody pitch="+10%">hi</prosody>', "<prosody pitch> is not supported", [S("hi")]),
     ('<voice gender="female">hi</voice>', "<voice gender> is not supported", [S("hi")]),
     ('<break time="soon"/>x', "300ms or 1.5s", [Pause(0.4), S("x")]),
@@ -196,3 +199,57 @@ def test_plain_text_is_never_parsed_as_ssml() -> None:
     assert parse("Tom & Jerry <3", "text") == Markup((S("Tom & Jerry <3"),))
     with pytest.raises(ValueError, match="'text' or 'ssml'"):
         parse("x", "html")  # type: ignore[arg-type]
+
+
+# --- emphasis ------------------------------------------------------------------------------
+
+STRONG, MODERATE, REDUCED = EMPHASIS["strong"], EMPHASIS["moderate"], EMPHASIS["reduced"]
+
+
+def test_emphasis_levels_sound_as_stress_does() -> None:
+    """Stronger emphasis is slower and louder; reduced is the other way; none is plain."""
+    assert STRONG.rate < MODERATE.rate < 1.0 < REDUCED.rate
+    assert STRONG.gain > MODERATE.gain > 1.0 > REDUCED.gain
+    assert STRONG.pause > 0 and EMPHASIS["none"] == Emphasis(1.0, 1.0)
+
+
+@pytest.mark.parametrize("level,segments", [
+    ("strong", [S("Close the"), Pause(STRONG.pause), S("window", rate=0.8, gain=1.4), S("now.")]),
+    ("moderate", [S("Close the"), S("window", rate=0.88, gain=1.25), S("now.")]),
+    ("reduced", [S("Close the"), S("window", rate=1.1, gain=0.75), S("now.")]),
+    ("none", [S("Close the"), S("window"), S("now.")]),
+])
+def test_ssml_emphasis(level: str, segments: list[object]) -> None:
+    result = parse(f'Close the <emphasis level="{level}">window</emphasis> now.', "ssml")
+    assert list(result.segments) == segments and result.warnings == ()
+
+
+def test_ssml_emphasis_default_level_and_nesting() -> None:
+    result = parse('<prosody rate="50%"><emphasis>slow and loud</emphasis></prosody>', "ssml")
+    assert result.segments == (S("slow and loud", rate=0.44, gain=1.25),)
+
+
+@pytest.mark.parametrize("text,segments", [
+    ("Close the [emphasis]window[/emphasis] now.",
+     [S("Close the"), S("window", rate=0.88, gain=1.25), S("now.")]),
+    ("Close the [emphasis strong]window[/emphasis] now.",
+     [S("Close the"), Pause(STRONG.pause), S("window", rate=0.8, gain=1.4), S("now.")]),
+    ("请把【强调】窗户【/强调】关上。", [S("请把"), S("窗户", rate=0.88, gain=1.25), S("关上。")]),
+    ("请把【重读】窗户【重读结束】关上。",
+     [S("请把"), Pause(STRONG.pause), S("窗户", rate=0.8, gain=1.4), S("关上。")]),
+    ("[rate 0.5] a [emphasis]b[/emphasis] c", [S("a", rate=0.5), S("b", rate=0.44, gain=1.25),
+                                               S("c", rate=0.5)]),
+    ("【注意】门开着。", [S("【注意】门开着。")]),  # other brackets are still text
+])
+def test_emphasis_tags(text: str, segments: list[object]) -> None:
+    result = parse(text)
+    assert list(result.segments) == segments and result.warnings == ()
+
+
+def test_unclosed_emphasis_tag_ends_with_the_sentence() -> None:
+    tags = TagParser()
+    assert tags.parse("【强调】小心台阶。").segments == (S("小心台阶。", rate=0.88, gain=1.25),)
+    assert tags.parse("然后开灯。").segments == (S("然后开灯。"),)
+    bad = parse("[emphasis loudly]x[/emphasis]")
+    assert bad.segments == (S("x", rate=0.88, gain=1.25),)
+    assert any("using moderate" in w for w in bad.warnings)

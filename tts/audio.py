@@ -1,7 +1,8 @@
 """The audio format herald hands around, and the one conversion from model output to PCM.
 
 Everything past the model is signed 16-bit little-endian mono PCM at the voice's rate; the
-header helpers here are the only place WAV bytes are made.
+header helpers here are the only place WAV bytes are made (``tts.codec`` encodes the same
+PCM as MP3, Ogg Opus or FLAC, and streams WAV with these).
 """
 
 from __future__ import annotations

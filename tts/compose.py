@@ -4,7 +4,7 @@ Two stages, so that the cheap one can run where the request arrives (an event lo
 expensive one where synthesis runs (a worker thread):
 
 * **plan** (``Planner``, text only, milliseconds): markup -> sentences -> language runs ->
-  a list of steps, each ``Say(text, voice, rate)`` or ``Silence(seconds)``. It decides who
+  a list of steps, each ``Say(text, voice, rate, gain)`` or ``Silence(seconds)``. It decides who
   speaks each run: the request's voice for its own language, an installed voice of the run's
   language, else espeak-ng (``espeak:cmn``). It accepts text in pieces (``feed``) and
   returns the steps of each sentence as soon as the sentence is complete.
@@ -71,6 +71,7 @@ class Say:
     rate: float  # speed factor on top of the request's
     sentence: int
     last_in_sentence: bool = False
+    gain: float = 1.0  # on top of the request's (emphasis)
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,8 @@ class Composer:
         sentences = synth.sentences(step.text)
         for k, ids in enumerate(sentences):
             for samples, last in synth.stream_ids(ids, opts, generator):
+                if step.gain != 1.0:
+                    samples = samples * np.float32(step.gain)
                 final = last and k == len(sentences) - 1
                 if resampler is not None:
                     samples = resampler.process(samples)
@@ -221,7 +224,8 @@ class Composer:
                          ) -> Iterator[ComposedChunk]:
         assert self.fallback is not None
         voice = self.fallback.resolve(step.voice)
-        samples = self.fallback.synthesize(step.text, voice, speed * step.rate, options.gain)
+        samples = self.fallback.synthesize(step.text, voice, speed * step.rate,
+                                           options.gain * step.gain)
         if self.fallback.sample_rate != rate:
             resampler = Resampler(self.fallback.sample_rate, rate)
             samples = np.concatenate([resampler.process(samples), resampler.flush()])
@@ -412,7 +416,7 @@ class Planner:
             if isinstance(prev, Say) and prev.voice == speaker:  # one voice, one intonation
                 self._out[-1] = replace(prev, text=f"{prev.text} {text}")
             else:
-                self._out.append(Say(text, speaker, seg.rate, self._sentence))
+                self._out.append(Say(text, speaker, seg.rate, self._sentence, gain=seg.gain))
             merge = self._spoke = True
 
 
@@ -429,8 +433,8 @@ def _merge(segments: Iterable[Segment]) -> list[Segment]:
     for seg in segments:
         prev = out[-1] if out else None
         if (isinstance(seg, Speech) and isinstance(prev, Speech)
-                and (prev.voice, prev.language, prev.rate) == (seg.voice, seg.language,
-                                                                seg.rate)):
+                and (prev.voice, prev.language, prev.rate, prev.gain) == (
+                    seg.voice, seg.language, seg.rate, seg.gain)):
             joiner = "" if seg.text[:1] in ".,!?;:" or _ends_cjk(prev.text) else " "
             out[-1] = replace(prev, text=prev.text + joiner + seg.text, say_as=None)
         else:

@@ -113,6 +113,7 @@ class MqttAudioSettings(_Section):
     chunk_ms: int = Field(100, ge=10, le=2000)
     qos: int = Field(0, ge=0, le=2)
     retain: bool = False
+    format: Literal["pcm", "opus"] = "pcm"  # opus: Ogg Opus at 48 kHz, about 1/5 of the bytes
 
 
 class DiscoverySettings(_Section):

@@ -3,7 +3,7 @@
 * ``sentences`` — sentence splitting of whole texts and of text arriving piece by piece
   (``SentenceBuffer``), giving the same sentences either way;
 * ``markup`` — SSML and bracket tags (``[pause 1s]``, ``[rate 0.8]``, ``[voice x]``,
-  ``【停顿0.3秒】``) parsed into typed segments;
+  ``[emphasis]``, ``【停顿0.3秒】``, ``【强调】``) parsed into typed segments;
 * ``languages`` — runs of one language in mixed text (Chinese, Japanese, Korean, the rest).
 
 Text only: no audio, no voices. ``tts.compose`` puts it together with the voices.

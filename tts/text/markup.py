@@ -3,26 +3,32 @@
 Both parse into one flat list of typed segments, so nothing downstream knows which syntax a
 request used:
 
-* SSML (``fmt="ssml"``): ``<speak> <p> <s> <break> <prosody rate> <voice> <lang>
-  <say-as> <sub>``, parsed with ``xml.etree`` (a fragment without ``<speak>`` is wrapped
+* SSML (``fmt="ssml"``): ``<speak> <p> <s> <break> <prosody rate> <emphasis> <voice>
+  <lang> <say-as> <sub>``, parsed with ``xml.etree`` (a fragment without ``<speak>`` is wrapped
   in one). Malformed XML raises ``MarkupError`` with the line and column; callers choose to
   report it or to speak the text plainly. Elements we don't support keep their text and
   add a warning.
 * Bracket tags in plain text (``fmt="text"``): ``[pause 300ms]`` ``[pause 1s]``
-  ``[rate 0.8]`` ``[voice NAME]`` and the Chinese forms ``【停顿0.3秒】`` ``【慢速】``
-  ``【快速】``. A rate or voice applies until the next one or the end. Brackets that are
-  not one of these (``[sic]``, ``【注意】``) are ordinary text and are spoken.
+  ``[rate 0.8]`` ``[voice NAME]`` ``[emphasis]…[/emphasis]`` (``[emphasis strong]``) and the
+  Chinese forms ``【停顿0.3秒】`` ``【慢速】`` ``【快速】`` ``【强调】…【/强调】``. A rate or voice
+  applies until the next one or the end; an emphasis until its closing tag or the end of the
+  sentence. Brackets that are not one of these (``[sic]``, ``【注意】``) are ordinary text
+  and are spoken.
+
+Emphasis is rendered the way speakers stress a word: slower, louder, and (strong) set off by
+a short pause before it; ``reduced`` the other way, ``none`` as plain text (``EMPHASIS``).
 
 Markup never turns text into silence: unknown or broken tags keep their text.
 """
 
 from __future__ import annotations
 
-import datetime
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field, replace
 from typing import Literal
+
+from .say_as import say_as
 
 TextFormat = Literal["text", "ssml"]
 
@@ -34,6 +40,23 @@ BREAK_STRENGTHS = {"none": 0.0, "x-weak": 0.1, "weak": 0.2, "medium": 0.4, "stro
                    "x-strong": 1.0}
 
 
+@dataclass(frozen=True)
+class Emphasis:
+    """How an emphasis level sounds: a speed factor, a gain, a pause before (seconds)."""
+
+    rate: float
+    gain: float
+    pause: float = 0.0
+
+
+EMPHASIS = {
+    "strong": Emphasis(0.8, 1.4, 0.12),  # +2.9 dB
+    "moderate": Emphasis(0.88, 1.25),  # +1.9 dB; SSML's default level
+    "reduced": Emphasis(1.1, 0.75),  # -2.5 dB
+    "none": Emphasis(1.0, 1.0),
+}
+
+
 class MarkupError(ValueError):
     """The SSML is not well-formed XML (or not acceptable as SSML)."""
 
@@ -41,13 +64,15 @@ class MarkupError(ValueError):
 @dataclass(frozen=True)
 class Speech:
     """Text to speak. ``voice``/``language`` None: the request's; ``rate`` is a speed
-    factor (0.8 = 80 % speed); ``say_as`` names the SSML interpretation already applied."""
+    factor (0.8 = 80 % speed); ``gain`` scales the audio (emphasis); ``say_as`` names the
+    SSML interpretation already applied."""
 
     text: str
     voice: str | None = None
     language: str | None = None
     rate: float = 1.0
     say_as: str | None = None
+    gain: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -87,13 +112,15 @@ def parse(text: str, fmt: TextFormat = "text", language: str | None = None) -> M
 # --- bracket tags -------------------------------------------------------------------------
 
 _TAG = re.compile(
-    r"\[\s*(pause|break|rate|speed|voice)(?:\s+([^\[\]]*?))?\s*\]"  # [pause 1s] [voice x]
+    r"\[\s*(pause|break|rate|speed|voice|emphasis|/\s*emphasis)(?:\s+([^\[\]]*?))?\s*\]"
     r"|\u3010([^\u3010\u3011]*)\u3011",  # 【...】
     re.IGNORECASE)
 _DURATION = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|sec|secs|seconds?|毫秒|秒)?",
                        re.IGNORECASE)
 _CHINESE_PAUSE = re.compile(r"(?:停顿|暂停|停)\s*(.+)")
 _CHINESE_RATES = {"慢速": 0.8, "快速": 1.25, "常速": 1.0, "正常语速": 1.0, "正常速度": 1.0}
+_CHINESE_EMPHASIS = {"强调": "moderate", "重读": "strong"}
+_CHINESE_EMPHASIS_END = {"/强调", "强调结束", "/重读", "重读结束"}
 
 
 @dataclass
@@ -105,6 +132,7 @@ class TagParser:
     voice: str | None = None
     rate: float = 1.0
     warnings: list[str] = field(default_factory=list)
+    emphasis: Emphasis | None = None  # until its closing tag or the end of the sentence
 
     def parse(self, text: str) -> Markup:
         out: list[Segment] = []
@@ -116,13 +144,22 @@ class TagParser:
             if handled:
                 pos = m.end()
         self._speech(text[pos:], out)
+        self.emphasis = None
         self.warnings += warnings
         return Markup(tuple(out), tuple(warnings))
 
     def _speech(self, text: str, out: list[Segment]) -> None:
         body = " ".join(text.split())
         if body:
-            out.append(Speech(body, self.voice, None, self.rate))
+            e = self.emphasis or EMPHASIS["none"]
+            out.append(Speech(body, self.voice, None, round(self.rate * e.rate, 4),
+                              gain=e.gain))
+
+    def _emphasize(self, level: str | None, out: list[Segment]) -> None:
+        """Start an emphasis (``level`` a key of EMPHASIS), or end it (None)."""
+        self.emphasis = None if level is None else EMPHASIS[level]
+        if self.emphasis is not None and self.emphasis.pause:
+            out.append(Pause(self.emphasis.pause))
 
     def _tag(self, m: re.Match[str], out: list[Segment], warnings: list[str],
              before: str) -> bool:
@@ -130,6 +167,10 @@ class TagParser:
         keyword, arg, chinese = m.group(1), (m.group(2) or "").strip(), m.group(3)
         if chinese is not None:
             word = chinese.strip()
+            if word in _CHINESE_EMPHASIS or word in _CHINESE_EMPHASIS_END:
+                self._speech(before, out)
+                self._emphasize(_CHINESE_EMPHASIS.get(word), out)
+                return True
             if word in _CHINESE_RATES:
                 self._speech(before, out)
                 self.rate = _CHINESE_RATES[word]
@@ -152,6 +193,10 @@ class TagParser:
             rate = _rate(arg, 1.0, m.group(0), warnings)
             if rate is not None:
                 self.rate = rate
+        elif kw == "emphasis":
+            self._emphasize(_emphasis_level(arg or "moderate", m.group(0), warnings), out)
+        elif kw.startswith("/"):  # [/emphasis]
+            self._emphasize(None, out)
         else:  # voice
             self.voice = None if arg.lower() in ("", "default") else arg
         return True
@@ -173,6 +218,15 @@ def _seconds(value: str, where: str, warnings: list[str]) -> float | None:
         warnings.append(f"{where}: pause shortened to the maximum, {MAX_PAUSE:g} s")
         seconds = MAX_PAUSE
     return seconds
+
+
+def _emphasis_level(value: str, where: str, warnings: list[str]) -> str:
+    level = value.strip().lower()
+    if level in EMPHASIS:
+        return level
+    warnings.append(f"{where}: emphasis level {value!r} is not one of "
+                    f"{', '.join(EMPHASIS)}; using moderate")
+    return "moderate"
 
 
 def _rate(value: str, enclosing: float, where: str, warnings: list[str]) -> float | None:
@@ -213,6 +267,7 @@ class _Ctx:
     voice: str | None = None
     language: str | None = None
     rate: float = 1.0
+    gain: float = 1.0
 
 
 def parse_ssml(text: str, language: str | None = None) -> Markup:
@@ -266,7 +321,7 @@ class _Walker:
     def text(self, text: str | None, ctx: _Ctx, say_as: str | None = None) -> None:
         body = " ".join((text or "").split())
         if body:
-            self.out.append(Speech(body, ctx.voice, ctx.language, ctx.rate, say_as))
+            self.out.append(Speech(body, ctx.voice, ctx.language, ctx.rate, say_as, ctx.gain))
 
     def boundary(self, mark: SentenceBreak | ParagraphBreak) -> None:
         if not self.out:
@@ -303,6 +358,8 @@ class _Walker:
             self.pause(el)
         elif tag == "prosody":
             self.children(el, self.prosody(el, ctx))
+        elif tag == "emphasis":
+            self.children(el, self.emphasis(el, ctx))
         elif tag == "voice":
             self.children(el, self.voice(el, ctx))
         elif tag in ("speak", "lang"):
@@ -316,7 +373,7 @@ class _Walker:
             self.text(alias or "".join(el.itertext()), ctx)
         elif tag in ("mark", "desc", "meta", "metadata", "lexicon"):
             pass  # no sound of their own
-        elif tag in ("emphasis", "phoneme", "audio"):
+        elif tag in ("phoneme", "audio"):
             self.warn(f"<{tag}> is not supported: its text is spoken plainly")
             self.children(el, ctx)
         else:
@@ -355,6 +412,15 @@ class _Walker:
         rate = _rate(value, ctx.rate, f'<prosody rate="{value}">', self.warnings)
         return ctx if rate is None else replace(ctx, rate=rate)
 
+    def emphasis(self, el: ET.Element, ctx: _Ctx) -> _Ctx:
+        value = el.get("level")
+        where = f'<emphasis level="{value}">'
+        e = EMPHASIS[_emphasis_level(value or "moderate", where, self.warnings)]
+        if e.pause:
+            self.out.append(Pause(e.pause))
+        rate = min(MAX_RATE, max(MIN_RATE, round(ctx.rate * e.rate, 4)))
+        return replace(ctx, rate=rate, gain=ctx.gain * e.gain)
+
     def voice(self, el: ET.Element, ctx: _Ctx) -> _Ctx:
         for attr in sorted(set(el.keys()) - {"name", "language", "languages", _XML_LANG}):
             self.warn(f"<voice {attr}> is not supported: use name or language")
@@ -374,101 +440,3 @@ class _Walker:
         if problem:
             self.warn(problem)
         self.text(text, ctx, say_as=kind or None)
-
-
-# --- say-as -------------------------------------------------------------------------------
-
-_MONTHS = ("January February March April May June July August September October November "
-           "December").split()
-
-
-def say_as(content: str, kind: str, fmt: str | None = None, language: str = "en"
-           ) -> tuple[str, str | None]:
-    """Text written out so that espeak-ng reads it as meant, and a warning if it couldn't be.
-
-    ``characters``: letters separated by commas, because espeak reads a lone "A" as the
-    article; ``digits``: digits separated by spaces; ``date``/``time``: ISO forms (or the
-    ``format`` given) written out in English, Chinese, Japanese or Korean.
-    """
-    lang = language.replace("_", "-").lower().split("-")[0]
-    if kind in ("characters", "spell-out", "letters", "verbatim"):
-        return ", ".join(ch for ch in content if not ch.isspace()), None
-    if kind == "digits":
-        return " ".join(ch for ch in content if not ch.isspace()), None
-    if kind in ("cardinal", "number", "telephone", ""):
-        return content, None if kind else "<say-as> without interpret-as: text kept"
-    if kind == "ordinal":
-        if lang == "en" and content.isdigit():
-            return content + _ordinal_suffix(int(content)), None
-        return content, None
-    if kind == "date":
-        return _date(content, fmt, lang)
-    if kind == "time":
-        return _time(content, lang)
-    return content, f'<say-as interpret-as="{kind}"> is not supported: text spoken as written'
-
-
-def _ordinal_suffix(n: int) -> str:
-    if 10 <= n % 100 <= 20:
-        return "th"
-    return {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-
-
-def _date(content: str, fmt: str | None, lang: str) -> tuple[str, str | None]:
-    parts = [p for p in re.split(r"[-/.\s]+", content.strip()) if p]
-    order = (fmt or "").strip().lower()
-    if not order and len(parts) == 3:  # ISO: 2024-01-05
-        order = "ymd"
-    elif not order and len(parts) == 2:  # 2024-01, --01-05
-        order = "ym" if len(parts[0]) == 4 else "md"
-    if len(order) != len(parts) or not all(p.isdigit() for p in parts) or set(order) - set("ymd"):
-        return content, f'<say-as interpret-as="date">: can\'t read {content!r}' + (
-            f' as format "{fmt}"' if fmt else " as an ISO date (2024-01-05)") + "; text kept"
-    values = dict(zip(order, (int(p) for p in parts)))
-    y, m, d = values.get("y"), values.get("m"), values.get("d")
-    try:
-        datetime.date(y or 2000, m or 1, d or 1)
-    except ValueError:
-        return content, f'<say-as interpret-as="date">: {content!r} is not a date; text kept'
-    if lang in ("zh", "cmn", "yue", "ja"):
-        return "".join(f"{v}{unit}" for v, unit in ((y, "年"), (m, "月"), (d, "日"))
-                       if v is not None), None
-    if lang == "ko":
-        return " ".join(f"{v}{unit}" for v, unit in ((y, "년"), (m, "월"), (d, "일"))
-                        if v is not None), None
-    if lang != "en":
-        return content, f'<say-as interpret-as="date"> is written out only for en, zh, ja ' \
-                        f"and ko; {content!r} spoken as written"
-    words = []
-    if m is not None:
-        words.append(_MONTHS[m - 1])
-    if d is not None:
-        words.append(f"{d}{_ordinal_suffix(d)}")
-    text = " ".join(words)
-    if y is not None:
-        text = f"{text}, {y}" if d is not None else f"{text} {y}".strip()
-    return text, None
-
-
-def _time(content: str, lang: str) -> tuple[str, str | None]:
-    m = re.fullmatch(r"T?(\d{1,2}):(\d{2})(?::(\d{2})(?:\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?",
-                     content.strip())
-    if m is None or int(m.group(1)) > 23 or int(m.group(2)) > 59:
-        return content, f'<say-as interpret-as="time">: can\'t read {content!r} as hh:mm ' \
-                        "or hh:mm:ss; text kept"
-    h, mi = int(m.group(1)), int(m.group(2))
-    s = int(m.group(3)) if m.group(3) else 0
-    if lang in ("zh", "cmn", "yue"):
-        return f"{h}点" + (f"{mi}分" if mi or s else "") + (f"{s}秒" if s else ""), None
-    if lang == "ja":
-        return f"{h}時" + (f"{mi}分" if mi or s else "") + (f"{s}秒" if s else ""), None
-    if lang == "ko":
-        return f"{h}시" + (f" {mi}분" if mi or s else "") + (f" {s}초" if s else ""), None
-    if lang != "en":
-        return content, f'<say-as interpret-as="time"> is written out only for en, zh, ja ' \
-                        f"and ko; {content!r} spoken as written"
-    half = "AM" if h < 12 else "PM"
-    h12 = h % 12 or 12
-    clock = f"{h12} {half}" if mi == 0 else (
-        f"{h12} oh {mi} {half}" if mi < 10 else f"{h12}:{mi:02d} {half}")
-    return clock + (f" and {s} seconds" if s else ""), None
