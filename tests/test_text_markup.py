@@ -4,7 +4,6 @@ malformed SSML -> a MarkupError that says where; unknown things keep their text.
 from __future__ import annotations
 
 import pytest
-from tts.text.say_as import say_as
 
 from tts.text.markup import (
     EMPHASIS,
@@ -18,6 +17,7 @@ from tts.text.markup import (
     TagParser,
     parse,
 )
+from tts.text.say_as import say_as
 
 S = Speech
 
