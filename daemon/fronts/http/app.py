@@ -33,7 +33,7 @@ from ...settings import HttpSettings
 from .. import is_loopback_host
 from .batch import batch
 from .fields import ApiError
-from .openai import openai_speech
+from .openai import openai_error, openai_speech
 from .speech import SpeechApi
 
 log = logging.getLogger("daemon.fronts.http")
@@ -154,7 +154,8 @@ class HttpFront:
         log.info("HTTP %d for %s %s from %s: %s", e.status, request.method, request.path,
                  request.remote, e.message)
         self.ctx.metrics.request(self.name, e.reason)
-        return web.json_response({"error": e.message}, status=e.status, headers=e.headers)
+        body = openai_error(e) if request.path.startswith("/v1/") else {"error": e.message}
+        return web.json_response(body, status=e.status, headers=e.headers)
 
     # ------------------------------------------------------------------ the rest
 
