@@ -2,9 +2,8 @@
 
 Each entry is in its item's ``response_format`` (default: the batch's, from the query or the
 ``{"items": [...], "response_format": ...}`` form; WAV without one). Items are synthesized
-side by side, as many as the engine has workers plus one (the extra one keeps the workers
-busy while an item is encoded and written), and go into the ZIP in the order they were
-asked for.
+side by side, as many at once as the engine has workers (more would only take turns on
+them), and go into the ZIP in the order they were asked for.
 """
 
 from __future__ import annotations
@@ -71,8 +70,8 @@ async def batch(api: SpeechApi, request: web.Request) -> web.StreamResponse:
 async def in_order(api: SpeechApi, items: list[Speech], received: float
                    ) -> AsyncGenerator[tuple[Speech, bytes], None]:
     """Each item with its encoded audio, in the order given, while the next ones are
-    synthesized: up to the engine's workers plus one at a time."""
-    window = api.ctx.engine.workers + 1
+    synthesized: as many at once as the engine has workers."""
+    window = api.ctx.engine.workers
     running: deque[tuple[Speech, asyncio.Task[bytes]]] = deque()
     todo = iter(items)
     try:
