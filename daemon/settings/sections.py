@@ -19,12 +19,13 @@ from pydantic import (
 
 from tts.warm import KeepWarm
 
+from ..errors import HeraldError
 from ..request import RATE_RANGE
 
 DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
-class ConfigError(Exception):
+class ConfigError(HeraldError):
     """A configuration problem, already phrased as the one line to show the user."""
 
 
