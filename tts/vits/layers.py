@@ -117,7 +117,7 @@ def _row(g: Tensor) -> Tensor:
 # modules.
 
 
-_ONEDNN = torch.backends.mkldnn.is_available()
+_ONEDNN: bool = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
 
 
 def nhwc(x: Tensor) -> Tensor:

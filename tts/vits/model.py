@@ -39,7 +39,8 @@ class Vits(nn.Module):
         if self.config.n_speakers <= 1:
             return None
         sid = torch.tensor([speaker_id or 0], dtype=torch.long)
-        return self.emb_g(sid).unsqueeze(-1)  # [1, gin, 1]
+        emb: Tensor = self.emb_g(sid)
+        return emb.unsqueeze(-1)  # [1, gin, 1]
 
     def prior(self, ids: Tensor, g: Tensor | None, noise_scale: float, length_scale: float,
               noise_w: float, generator: torch.Generator | None = None,
@@ -88,10 +89,12 @@ class Vits(nn.Module):
         what it gives over the whole sentence there (up to float rounding)."""
         r = self.dp.radius
         lo, hi = max(0, a - r), min(x.shape[0], b + r)
-        return self.dp(x[lo:hi], noise[lo:hi], g)[a - lo : b - lo]
+        logw: Tensor = self.dp(x[lo:hi], noise[lo:hi], g)
+        return logw[a - lo : b - lo]
 
     def decode(self, z_p: Tensor, g: Tensor | None) -> Tensor:
         """Prior latent -> waveform ``[1, 1, frames * hop]`` (one shot)."""
         mask = torch.ones_like(z_p[:, :1])
         z = self.flow.reverse(z_p, mask, g)
-        return self.dec(z, g)
+        wav: Tensor = self.dec(z, g)
+        return wav
