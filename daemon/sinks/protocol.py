@@ -1,5 +1,6 @@
-"""What the scheduler needs from a speaker, so it depends on this contract rather than on the
-sound-device code (tests drive the scheduler with a speaker of their own)."""
+"""What the scheduler needs from its sinks: a speaker, and network sinks (the MQTT audio topic),
+so it depends on these contracts rather than on the sound-device or broker code (tests drive
+the scheduler with a speaker of their own)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from tts import AudioFormat
 
 from .speaker import SpeakerUnavailable
 
-__all__ = ["Played", "Speaker", "SpeakerUnavailable"]
+__all__ = ["NetworkSink", "NetworkStream", "Played", "Speaker", "SpeakerUnavailable"]
 
 
 class Played(Protocol):
@@ -36,3 +37,14 @@ class Speaker(Protocol):
             on_first_audio: Callable[[], None] | None = None) -> None: ...
 
     def cut(self, key: object = None) -> None: ...
+
+
+class NetworkStream(Protocol):
+    def write(self, pcm: bytes) -> None: ...
+    def close(self, outcome: str = "finished") -> None: ...
+
+
+class NetworkSink(Protocol):
+    name: str
+
+    def open(self, request_id: str, fmt: AudioFormat) -> NetworkStream: ...
