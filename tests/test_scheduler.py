@@ -21,10 +21,11 @@ import numpy as np
 import pytest
 from audio_checks import assert_pcm_close, assert_speech, pcm16
 
+from daemon.buffer import AudioBuffer
 from daemon.engine import Engine
 from daemon.metrics import LatencyRecord, Metrics
 from daemon.request import NOTHING_TO_SAY, Request, RequestError, TextStream
-from daemon.scheduler import AudioBuffer, Scheduler
+from daemon.scheduler import Scheduler
 from daemon.settings import SchedulerSettings
 from daemon.sinks.speaker import PlaybackStats
 from tts import AudioChunk, AudioFormat, SynthesisOptions, UnknownVoice

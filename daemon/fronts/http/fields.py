@@ -15,6 +15,7 @@ from aiohttp import hdrs, web
 from tts import SynthesisOptions
 from tts.text import MarkupError, TextFormat, parse_ssml
 
+from ...errors import HeraldError
 from ...request import (
     NOTHING_TO_SAY,
     json_object,
@@ -34,7 +35,7 @@ _REASONS = {400: "bad_request", 401: "unauthorized", 404: "not_found",
             429: "busy"}
 
 
-class ApiError(Exception):
+class ApiError(HeraldError):
     """A refused request: the status, and a message that tells the client what to do."""
 
     def __init__(self, status: int, message: str, reason: str | None = None,

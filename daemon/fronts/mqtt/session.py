@@ -111,7 +111,7 @@ class MqttFront:
         client.on_connect_fail = self._on_connect_fail
         client.on_message = self._on_message
         if v5:
-            props = Properties(PacketTypes.CONNECT)
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             props.SessionExpiryInterval = self.settings.session_expiry
             client.connect_async(self.host, self.settings.port, self.settings.keepalive,
                                  clean_start=False, properties=props)
