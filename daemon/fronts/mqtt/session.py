@@ -221,7 +221,11 @@ class MqttFront:
                         self.settings.port, self._connect_failures)
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
-        self._call(self._dispatch, Message(msg.topic, bytes(msg.payload), msg.retain, Timeline()))
+        topic, payload = msg.topic, bytes(msg.payload)
+        for ext in self.extensions:
+            if ext.drop(topic, payload):
+                return
+        self._call(self._dispatch, Message(topic, payload, msg.retain, Timeline()))
 
     def _call(self, fn: Any, *args: Any) -> None:
         loop = self._loop
