@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from conftest import Broker, free_port
-from herald_process import herald_env, start_herald
+from conftest import start_broker
+from herald_process import herald_env, mqtt_only_config, start_herald
 from mqtt_client import BASE, DEVICE, Client
 
 PIECES = 100_000
@@ -85,23 +85,9 @@ def _handled_after(c: Client, rid: str, kinds: tuple[str, ...], sent: float) -> 
 @pytest.fixture(scope="module")
 def flood(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flood]:
     tmp = tmp_path_factory.mktemp("flood")
-    broker = Broker(free_port(), tmp / "broker")
-    broker.workdir.mkdir()
-    broker.start()
+    broker = start_broker(tmp / "broker")
     config = tmp / "herald.toml"
-    config.write_text(f"""
-device_id = "{DEVICE}"
-[mqtt]
-host = "127.0.0.1"
-port = {broker.port}
-stream_timeout = 5
-[speaker]
-enabled = false
-[wyoming]
-enabled = false
-[http]
-enabled = false
-""")
+    config.write_text(mqtt_only_config(DEVICE, broker.port, "stream_timeout = 5"))
     herald = start_herald(config, tmp / "herald.log", herald_env())
     c = Client(broker.port, topics=(f"{BASE}/event", f"{BASE}/availability"))
     flooder = None

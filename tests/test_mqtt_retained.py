@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from conftest import Broker
-from herald_process import HeraldProcess, herald_env, start_herald
+from herald_process import HeraldProcess, herald_env, mqtt_only_config, start_herald
 from mqtt_client import BASE, DEVICE, Client
 
 REFUSED = "retained command refused"
@@ -20,19 +20,7 @@ REFUSED = "retained command refused"
 
 def _start(tmp_path: Path, broker: Broker, name: str, extra: str = "") -> HeraldProcess:
     config = tmp_path / f"{name}.toml"
-    config.write_text(f"""
-device_id = "{DEVICE}"
-[mqtt]
-host = "127.0.0.1"
-port = {broker.port}
-{extra}
-[speaker]
-enabled = false
-[wyoming]
-enabled = false
-[http]
-enabled = false
-""")
+    config.write_text(mqtt_only_config(DEVICE, broker.port, extra))
     return start_herald(config, tmp_path / f"{name}.log", herald_env())
 
 

@@ -205,8 +205,7 @@ class Reassembly:
         self.end(st.req.id)
         self._start_dropping(st.req.id, f"was refused: longer than {self.max_text} characters")
         st.stream.fail(RequestError(f"stream text exceeds {self.max_text} characters "
-                                    "(mqtt.max_text, where every piece counts at least one); "
-                                    "the rest is not spoken", st.req.id))
+                                    "(mqtt.max_text); the rest is not spoken", st.req.id))
         return True
 
     def _feed(self, st: _Stream, text: str, final: bool) -> None:
