@@ -579,9 +579,12 @@ class SpeakerSink:
             return
         finally:
             self._starting = False
-        # A device faster than real time may have finished it all before start() returned;
-        # its completion report found us still starting and left the rest to us.
-        self._settle(p)
+        # A device faster than real time may have played it all before start() returned, and
+        # the cue after it too: the hand-over made the cue the current one. The completion
+        # report found us still starting and left the rest to us, for whichever is current.
+        for q in dict.fromkeys((p, self._current)):
+            if q is not None:
+                self._settle(q)
 
     async def _wait(self, p: _Playback, feeder: asyncio.Task[None]) -> None:
         """Wait for the utterance to drain; notice a failed feeder or a stalled device."""
