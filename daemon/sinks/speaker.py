@@ -171,6 +171,12 @@ class _Playback:
         """Enough buffered to (re)start: the pre-roll, or all there will be."""
         return self.buffered >= self.preroll or (not self.producing and self.buffered > 0)
 
+    def waits_for_source(self) -> bool:
+        """Stopped or starved until its source brings more: not the device's delay."""
+        with self.lock:
+            return (self.producing and not self.ready()
+                    and self.state in (_State.WAITING, _State.STARVED, _State.PARKED))
+
     def push(self, samples: np.ndarray) -> None:
         if len(samples):
             self.blocks.append(samples)
@@ -212,6 +218,15 @@ class _Playback:
             else:
                 self.done.set_exception(error)
         self.space.set()
+
+
+@dataclass
+class _Quiet:
+    """An utterance that has made no progress since ``since`` (monotonic)."""
+
+    since: float
+    report_after: float  # seconds of it that a working device may show
+    device: str
 
 
 @dataclass
@@ -259,6 +274,7 @@ class SpeakerSink:
         self._failure = ""
         self._reinit = False  # re-scan devices before the next open
         self._ticks = 0  # callbacks so far: lets play() notice a stalled device
+        self._quiet: _Quiet | None = None  # the utterance waited for, while it isn't moving
         self._generation = 0  # stream starts so far: tells stale completion reports apart
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
@@ -587,38 +603,74 @@ class SpeakerSink:
                 self._settle(q)
 
     async def _wait(self, p: _Playback, feeder: asyncio.Task[None]) -> None:
-        """Wait for the utterance to drain; notice a failed feeder or a stalled device."""
+        """Wait for the utterance to drain; notice a failed feeder or a stalled playback.
+
+        The stall rule: the utterance makes progress while the callback runs (it hands audio
+        to the device, or the device drains what it was given), while the stream is being
+        started, and while it waits for its source (the pre-roll after a slow synthesis).
+        Otherwise nothing can move it: quiet for half the margin, it is reported (``stalled()``,
+        for ``/healthz`` and the watchdog); quiet for longer than its audio left could take
+        plus the margin, it is ended with SpeakerUnavailable and the device reopened."""
         out = self._out
         name = out.device_name if out is not None else "?"
-        stall = max(2.0, 4 * (out.drain_seconds if out is not None else 0.0) + 1.0)
+        # What a working device may take to move: its buffer a few times over, with room for
+        # a late thread; never less than 2 s.
+        margin = max(2.0, 4 * (out.drain_seconds if out is not None else 0.0) + 1.0)
         ticks, since = self._ticks, time.monotonic()
 
         def source_error() -> BaseException | None:
             return feeder.exception() if feeder.done() and not feeder.cancelled() else None
 
         waiting: set[asyncio.Future[Any]] = {p.done, feeder}
-        while not p.done.done():
-            await asyncio.wait(waiting, timeout=0.25, return_when=asyncio.FIRST_COMPLETED)
-            if feeder.done():
-                if source_error() is not None:
-                    break
-                waiting = {p.done}  # fed completely: only the device is left to wait for
-            if self._ticks != ticks or not self._running:
-                ticks, since = self._ticks, time.monotonic()
-            elif time.monotonic() - since > stall:
-                await self._fail(p, SpeakerUnavailable(
-                    f"the sound device {name!r} stopped taking audio (nothing for "
-                    f"{stall:.0f} s); it will be reopened for the next utterance"))
+        try:
+            while not p.done.done():
+                await asyncio.wait(waiting, timeout=0.25, return_when=asyncio.FIRST_COMPLETED)
+                if feeder.done():
+                    if source_error() is not None:
+                        break
+                    waiting = {p.done}  # fed completely: only the device is left to wait for
+                now = time.monotonic()
+                if self._ticks != ticks or self._starting or p.waits_for_source():
+                    ticks, since = self._ticks, now
+                    self._quiet = None
+                    continue
+                self._quiet = _Quiet(since, margin / 2, name)
+                left = self._audio_left(p)  # no progress: what it holds is all still to play
+                if now - since > left + margin and not p.done.done():
+                    await self._fail(p, SpeakerUnavailable(
+                        f"the sound device {name!r} stopped taking audio (nothing for "
+                        f"{now - since:.0f} s, with {left:.1f} s of audio still to play); it "
+                        "will be reopened for the next utterance"))
+        finally:
+            self._quiet = None
         error = source_error()
         if error is not None:
             log.warning("speaker: the audio source failed (%s); fading out", error)
             self._cut(p)
             try:
-                await asyncio.wait_for(asyncio.shield(p.done), stall)
+                await asyncio.wait_for(asyncio.shield(p.done), margin)
             except Exception:
                 pass
             raise error
         await p.done  # raises what finish() was given
+
+    def _audio_left(self, p: _Playback) -> float:
+        """Seconds of ``p`` still to be heard: buffered, its lead-in, or draining."""
+        with p.lock:
+            frames = p.buffered + p.lead_in
+        return (frames + max(0, p.drain_left)) / p.dev_rate
+
+    def stalled(self) -> str | None:
+        """What is wrong, while an utterance has audio to play and the device takes none
+        (for longer than a working device would); None otherwise."""
+        quiet = self._quiet
+        if quiet is None:
+            return None
+        seconds = time.monotonic() - quiet.since
+        if seconds <= quiet.report_after:
+            return None
+        return (f"the speaker has played nothing for {seconds:.0f} s with audio to play "
+                f"(sound device {quiet.device!r})")
 
     async def _fail(self, p: _Playback | None, error: SpeakerUnavailable) -> None:
         log.warning("speaker: %s", error)
