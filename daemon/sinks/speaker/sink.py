@@ -77,7 +77,7 @@ from pydantic import BaseModel, Field
 from tts import AudioFormat
 from tts.resample import Resampler
 
-from ..metrics import Metrics
+from ...metrics import Metrics
 
 log = logging.getLogger("herald.speaker")
 
