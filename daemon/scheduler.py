@@ -35,7 +35,7 @@ from .logcontext import context_for, request_context
 from .metrics import LatencyRecord, Metrics, Timeline
 from .request import NOTHING_TO_SAY, Request, RequestError
 from .settings import SchedulerSettings
-from .sinks.speaker import SpeakerSink, SpeakerUnavailable
+from .sinks.speaker import Speaker, SpeakerUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class Lane:
 class Scheduler:
     def __init__(self, engine: Engine, metrics: Metrics, settings: SchedulerSettings,
                  synthesis: SynthesisOptions = SynthesisOptions(),
-                 speaker: SpeakerSink | None = None) -> None:
+                 speaker: Speaker | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
         self.settings = settings

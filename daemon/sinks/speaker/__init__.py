@@ -1,5 +1,10 @@
-"""Local playback through sounddevice (PortAudio -> ALSA): see ``sink`` for how it works."""
+"""Local playback through sounddevice (PortAudio -> ALSA): ``sink`` plays, ``mixer`` fills
+the device's blocks, ``device`` finds and opens the sound device; ``protocol`` is what the
+scheduler needs of a speaker."""
 
-from .sink import PlaybackStats, SpeakerSettings, SpeakerSink, SpeakerUnavailable
+from .device import SpeakerUnavailable
+from .playback import PlaybackStats, SpeakerSettings
+from .protocol import Speaker
+from .sink import SpeakerSink
 
-__all__ = ["PlaybackStats", "SpeakerSettings", "SpeakerSink", "SpeakerUnavailable"]
+__all__ = ["PlaybackStats", "Speaker", "SpeakerSettings", "SpeakerSink", "SpeakerUnavailable"]
