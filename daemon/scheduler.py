@@ -173,6 +173,10 @@ class Scheduler:
     def waiting_count(self) -> int:
         return sum(len(lane.waiting) for lane in self._lanes())
 
+    def problem(self) -> str | None:
+        """What keeps work in hand from progressing (a speaker that takes no audio), or None."""
+        return self.speaker.stalled() if self.speaker is not None else None
+
     def busy(self) -> bool:
         """Work in hand that should be progressing (not idle, not waiting for streamed text)."""
         return any(not u.waiting_text for lane in self._lanes() for u in lane.running)

@@ -95,6 +95,9 @@ class PacedSpeaker:
         self.played.append((start, time.monotonic(), samples))
         return PlaybackStats(samples=samples, cut=self._cut.is_set())
 
+    def stalled(self) -> str | None:
+        return None  # its clock never stops
+
     def cut(self, key: Any = None) -> None:
         self.cuts.append(None if key is None else key.req.id)
         if key is None or key is self._playing:  # (a cue never starts here: nothing to stop)
