@@ -25,6 +25,7 @@ from tts.compose import Planner, Step
 from tts.text import MarkupError, TextFormat, parse_ssml
 from tts.text.markup import MAX_RATE, MIN_RATE
 
+from .errors import HeraldError
 from .metrics import Timeline
 from .topics import TopicError, check_request_id
 
@@ -41,7 +42,7 @@ SEED_RANGE = (0, 2**63 - 1)
 NOTHING_TO_SAY = "the text has nothing espeak-ng can pronounce: send words"
 
 
-class RequestError(ValueError):
+class RequestError(HeraldError, ValueError):
     """A request that cannot be served, with the message to send back (and its id if known)."""
 
     def __init__(self, message: str, id: str | None = None) -> None:

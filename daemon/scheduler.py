@@ -21,21 +21,21 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
-from tts import AudioChunk, AudioFormat, SynthesisOptions, to_pcm16
+from tts import AudioFormat, SynthesisOptions, to_pcm16
 from tts.compose import Step
 
+from .buffer import AudioBuffer
 from .engine import Engine
 from .logcontext import context_for, request_context
 from .metrics import LatencyRecord, Metrics, Timeline
 from .request import NOTHING_TO_SAY, Request, RequestError
 from .settings import SchedulerSettings
-from .sinks.speaker import SpeakerSink, SpeakerUnavailable
+from .sinks.protocol import NetworkSink, Speaker, SpeakerUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -43,78 +43,6 @@ EventListener = Callable[[dict[str, Any]], None]
 TERMINAL = ("finished", "stopped", "error")
 AUDIO_VOICE = "wav"  # the latency record's voice for audio played as it came (no synthesis)
 AUDIO_SLICE_SECONDS = 0.1  # audio played as it came goes to the speaker in pieces this long
-
-
-class NetworkStream(Protocol):
-    def write(self, pcm: bytes) -> None: ...
-    def close(self, outcome: str = "finished") -> None: ...
-
-
-class NetworkSink(Protocol):
-    name: str
-
-    def open(self, request_id: str, fmt: AudioFormat) -> NetworkStream: ...
-
-
-class AudioBuffer:
-    """Chunks synthesized ahead of playback, bounded by their total length in samples."""
-
-    def __init__(self, max_samples: int) -> None:
-        self.max_samples = max(1, max_samples)
-        self._chunks: deque[AudioChunk] = deque()
-        self._samples = 0
-        self._ended = False
-        self._aborted = False
-        self._error: BaseException | None = None
-        self._readable = asyncio.Event()
-        self._writable = asyncio.Event()
-
-    async def put(self, chunk: AudioChunk) -> None:
-        while self._samples >= self.max_samples and not self._ended:
-            self._writable.clear()
-            await self._writable.wait()
-        if self._ended:
-            return
-        self._chunks.append(chunk)
-        self._samples += len(chunk.samples)
-        self._readable.set()
-
-    async def get(self) -> AudioChunk | None:
-        """The next chunk; None at the end; the producer's error after the chunks before it."""
-        while not self._chunks:
-            if self._ended:
-                if self._error is not None and not self._aborted:
-                    error, self._error = self._error, None
-                    raise error
-                return None
-            self._readable.clear()
-            await self._readable.wait()
-        chunk = self._chunks.popleft()
-        self._samples -= len(chunk.samples)
-        self._writable.set()
-        return chunk
-
-    def finish(self, error: BaseException | None = None) -> None:
-        if not self._ended:
-            self._ended = True
-            self._error = error
-        self._readable.set()
-        self._writable.set()
-
-    @property
-    def complete(self) -> bool:
-        """Everything the producer will put is here, and none of it has been taken."""
-        return self._ended and self._error is None and not self._aborted
-
-    def peek(self) -> list[AudioChunk]:
-        """The chunks waiting, left in place."""
-        return list(self._chunks)
-
-    def abort(self) -> None:
-        self._chunks.clear()
-        self._samples = 0
-        self._aborted = True
-        self.finish()
 
 
 @dataclass(eq=False)
@@ -146,7 +74,7 @@ class Lane:
 class Scheduler:
     def __init__(self, engine: Engine, metrics: Metrics, settings: SchedulerSettings,
                  synthesis: SynthesisOptions = SynthesisOptions(),
-                 speaker: SpeakerSink | None = None) -> None:
+                 speaker: Speaker | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
         self.settings = settings
@@ -244,6 +172,10 @@ class Scheduler:
 
     def waiting_count(self) -> int:
         return sum(len(lane.waiting) for lane in self._lanes())
+
+    def problem(self) -> str | None:
+        """What keeps work in hand from progressing (a speaker that takes no audio), or None."""
+        return self.speaker.stalled() if self.speaker is not None else None
 
     def busy(self) -> bool:
         """Work in hand that should be progressing (not idle, not waiting for streamed text)."""

@@ -89,12 +89,12 @@ def watchdog_progress() -> None:
         _watchdog.progress()
 
 
-def start_watchdog(busy: Callable[[], bool]) -> None:
+def start_watchdog(busy: Callable[[], bool], problem: Callable[[], str | None]) -> None:
     global _watchdog
     if _systemd is None or not hasattr(_systemd, "Watchdog") or not _hook("watchdog_enabled"):
         return
     try:
-        _watchdog = _systemd.Watchdog(busy=busy, stall_after=STALL_LIMIT)
+        _watchdog = _systemd.Watchdog(busy=busy, stall_after=STALL_LIMIT, problem=problem)
         _watchdog.start()
     except Exception as e:
         log.warning("systemd watchdog unavailable: %s", e)
@@ -159,8 +159,8 @@ class Service:
         self._serving = True
         notify_ready()
         self._status()
-        assert self.scheduler is not None
-        start_watchdog(self.scheduler.busy)
+        assert self.scheduler is not None and self.ctx is not None
+        start_watchdog(self.scheduler.busy, self.ctx.status.problem)
         await self._stop.wait()
         if self._reloading is not None:
             self._reloading.cancel()

@@ -61,6 +61,10 @@ class Status:
 
     # ------------------------------------------------------------------ reading it
 
+    def problem(self) -> str | None:
+        """Why herald is not healthy now (work in hand that isn't progressing), or None."""
+        return self.scheduler.problem() if self.scheduler is not None else None
+
     def snapshot(self) -> dict[str, Any]:
         """``{state, queue, current_id, voice, volume, version, last_latency}``."""
         snap: dict[str, Any] = (self.scheduler.snapshot() if self.scheduler is not None else

@@ -13,8 +13,11 @@ hangs while the loop is fine. So:
   block of audio played, a request finished;
 * ``busy()`` (given to the ``Watchdog``) says whether any synthesis or playback is in flight;
   an idle daemon is healthy as long as the loop runs, which the pet task itself proves;
-* every ``interval / 2`` the pet task sends ``WATCHDOG=1`` only if herald is idle or progress
-  was seen within the last ``stall_after`` seconds (default: the whole interval).
+* ``problem()`` (optional) names work in hand that can't move (a speaker that takes no
+  audio): while it does, the pets stop at once, whatever ``progress()`` said;
+* every ``interval / 2`` the pet task sends ``WATCHDOG=1`` only if there is no problem and
+  herald is idle or progress was seen within the last ``stall_after`` seconds (default: the
+  whole interval).
 
 A stuck synthesis or playback therefore stops the pets, and systemd restarts herald
 (``Restart=on-failure``) at most ``stall_after + interval`` after the last progress; a
@@ -132,10 +135,12 @@ class Watchdog:
     module docstring for the contract)."""
 
     def __init__(self, busy: Callable[[], bool] | None = None, interval: float | None = None,
-                 stall_after: float | None = None) -> None:
+                 stall_after: float | None = None,
+                 problem: Callable[[], str | None] | None = None) -> None:
         self.interval = interval if interval is not None else watchdog_interval()
         self.stall_after = stall_after if stall_after is not None else self.interval
         self.busy = busy or (lambda: True)  # without busy(): progress() must keep coming
+        self.problem = problem or (lambda: None)
         self.pets = 0
         self._last = time.monotonic()
         self._task: asyncio.Task[None] | None = None
@@ -146,6 +151,8 @@ class Watchdog:
         self._last = time.monotonic()
 
     def healthy(self) -> bool:
+        if self.problem() is not None:
+            return False
         if not self.busy():
             self._last = time.monotonic()
             return True
@@ -177,9 +184,10 @@ class Watchdog:
                 self.pets += 1
             elif not self._starving:
                 self._starving = True
-                log.error("no synthesis/playback progress for %.0f s: no longer petting the "
-                          "systemd watchdog, systemd will restart herald",
-                          time.monotonic() - self._last)
+                problem = self.problem() or (f"no synthesis/playback progress for "
+                                             f"{time.monotonic() - self._last:.0f} s")
+                log.error("%s: no longer petting the systemd watchdog, systemd will restart "
+                          "herald unless it recovers", problem)
             await asyncio.sleep(self.interval / 2)
 
 

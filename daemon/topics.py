@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .errors import HeraldError
+
 AVAILABILITY_ONLINE = "online"
 AVAILABILITY_OFFLINE = "offline"
 
@@ -18,7 +20,7 @@ AVAILABILITY_OFFLINE = "offline"
 _ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
-class TopicError(ValueError):
+class TopicError(HeraldError, ValueError):
     """A topic (or a piece of one) that herald refuses to publish to."""
 
 

@@ -82,6 +82,15 @@ class Broker:
         return path.read_text(errors="replace") if path.exists() else ""
 
 
+def start_broker(workdir: Path) -> Broker:
+    """A Mosquitto on a free port that persists into ``workdir`` (for a module's fixture)."""
+    _need_mosquitto()
+    b = Broker(free_port(), workdir)
+    b.workdir.mkdir()
+    b.start()
+    return b
+
+
 def _need_mosquitto() -> None:
     if not shutil.which("mosquitto"):
         pytest.fail("mosquitto is not installed: run scripts/setup --test")

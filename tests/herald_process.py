@@ -76,6 +76,14 @@ def stop_all_still_running(heralds: Iterable[HeraldProcess], why: str) -> None:
         assert h.terminate() == 0, h.tail()
 
 
+def mqtt_only_config(device: str, port: int, mqtt: str = "") -> str:
+    """A config for a herald on the broker at ``port`` with only the MQTT front and MQTT
+    audio (no speaker, Wyoming or HTTP); ``mqtt``: more lines of its ``[mqtt]`` section."""
+    return (f'device_id = "{device}"\n[mqtt]\nhost = "127.0.0.1"\nport = {port}\n{mqtt}\n'
+            "[speaker]\nenabled = false\n[wyoming]\nenabled = false\n"
+            "[http]\nenabled = false\n")
+
+
 def start_herald(config: Path, log: Path, env: dict[str, str] | None = None) -> HeraldProcess:
     """``herald run --config CONFIG``, its output into ``log``. Doesn't wait: a test waits
     for what it needs (online on MQTT, a log line). Its state directory is beside the config

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tts.vits import _add_diagonals, _diagonals
+from tts.vits.enc_p import _add_diagonals, _diagonals
 
 
 @pytest.mark.parametrize("t", [1, 2, 7, 8, 9, 10, 17, 40])

@@ -278,11 +278,13 @@ def test_say_stream_reorders_pieces_and_refuses_a_bad_stream_whole(client: Clien
                                              "voice": "xx_XX-nobody-low"}))
     client.publish("say/stream", json.dumps({"id": "rf", "seq": 1, "text": "there.",
                                              "final": True}))
+    # The refusal, then (5 s later) the count of the pieces dropped after it: one each.
     client.wait(lambda ms: len([m for m in ms if m.topic == f"{BASE}/event"
                                 and m.json().get("id") == "rf"]) >= 2, 30, "two errors for rf")
     errors = client.events("rf")
     assert [e["event"] for e in errors] == ["error", "error"]
-    assert "unknown voice" in errors[0]["error"] and "already ended" in errors[1]["error"]
+    assert "unknown voice" in errors[0]["error"]
+    assert "was refused: dropped 1 more piece" in errors[1]["error"]
 
 
 def test_say_stream_pieces_held_for_a_missing_one_count_towards_max_text(
@@ -482,6 +484,48 @@ def test_set_volume_and_voice_update_the_status(client: Client) -> None:
     assert after[-1]["version"]
 
 
+def test_retained_commands_published_live_are_refused_once_and_never_executed(
+        client: Client) -> None:
+    """MQTT 5 (herald's default) keeps the retain flag on live delivery (Retain As
+    Published), so a retained command published while herald is connected is recognised:
+    refused with one error event each, on every command topic, and not executed."""
+    def status() -> dict[str, Any]:
+        return next(m.json() for m in reversed(client.msgs) if m.topic == f"{BASE}/status")
+    client.wait(lambda ms: any(m.topic == f"{BASE}/status" for m in ms), 10, "the status")
+    before = status()
+    retained = {
+        f"{BASE}/say": json.dumps({"id": "ret-say", "text": "Never.", "sinks": ["mqtt"]}),
+        f"{BASE}/say/stream": json.dumps({"id": "ret-stream", "seq": 0, "text": "Never.",
+                                          "final": True, "sinks": ["mqtt"]}),
+        f"{BASE}/stop": "PRESS",
+        f"{BASE}/set/volume": "0.1" if before["volume"] != 0.1 else "0.2",
+        f"{BASE}/set/voice": OTHER_VOICE if before["voice"] != OTHER_VOICE else "en",
+        "hermes/tts/say": json.dumps({"text": "Never.", "siteId": "hall", "id": "ret-h"}),
+    }
+    try:
+        for topic, payload in retained.items():
+            client.publish(topic, payload, retain=True)
+        client.say(id="after-retained", text="Only this.", sinks=["mqtt"])
+        assert client.wait_event("after-retained")["event"] == "finished"
+        refused = [e for e in client.events() if e["event"] == "error"
+                   and "retained command refused" in e["error"]]
+        assert sorted(e["topic"] for e in refused) == sorted(retained), refused
+        assert all(f"mosquitto_pub -r -n -t '{e['topic']}'" in e["error"] for e in refused)
+        for rid in ("ret-say", "ret-stream", "ret-h"):
+            assert client.events(rid) == [], rid  # never queued
+        after = status()
+        assert (after["volume"], after["voice"]) == (before["volume"], before["voice"])
+        finished = [m.json() for m in client.msgs if m.topic == "hermes/tts/sayFinished"]
+        assert {"id": "ret-h", "sessionId": None, "siteId": "hall"} in finished
+    finally:
+        for topic in retained:  # clearing one is not a command: no error, no stop
+            client.publish(topic, b"", retain=True)
+    client.say(id="after-cleared", text="Cleared.", sinks=["mqtt"])
+    assert client.wait_event("after-cleared")["event"] == "finished"
+    errors = [e for e in client.events() if e["event"] == "error"]
+    assert len(errors) == len(retained), errors
+
+
 def test_discovery_is_republished_when_home_assistant_comes_online(client: Client) -> None:
     topic = f"homeassistant/device/{DEVICE}/config"
     first = client.wait(lambda ms: next((m for m in ms if m.topic == topic), None), 10,
@@ -678,12 +722,14 @@ def test_herald_say_mqtt_cli_sends_the_request_options(herald: Herald, client: C
 def test_broker_restart_reconnects_and_delivers_queued_say_once(herald: Herald) -> None:
     # A persistent-session client (like an automation) with QoS 1 subscriptions.
     pc = Client(herald.broker.port, client_id="test-persistent", clean=False)
+    log_start = len(herald.output())
     try:
-        # A retained command is spoken once, live; herald must not replay it when it
-        # resubscribes after the outage.
-        pc.publish("say", json.dumps({"id": "retained1", "text": "Once only.",
+        # A retained command is refused, once: herald's resumed session does not get the
+        # broker's stored copy again when it resubscribes after the outage.
+        pc.publish("say", json.dumps({"id": "retained1", "text": "Never.",
                                       "sinks": ["mqtt"]}), retain=True)
-        assert pc.wait_event("retained1")["event"] == "finished"
+        pc.wait(lambda ms: any(m.topic == f"{BASE}/event" and "retained" in m.json().get(
+            "error", "") for m in ms), 30, "the retained say refused")
         herald.broker.stop()
         restarted = time.monotonic()
         # published while the broker (and so herald) is down: paho keeps it and resends it
@@ -698,10 +744,12 @@ def test_broker_restart_reconnects_and_delivers_queued_say_once(herald: Herald) 
         assert pc.wait_event("after-restart")["event"] == "finished"
         # QoS 1 is at-least-once towards the test client too (an event in flight when the
         # broker died is redelivered), so "spoken once" is read from herald's own log.
-        log = herald.output()
-        for rid in ("while-down", "retained1"):
-            assert {e["event"] for e in pc.events(rid)} == {"queued", "started", "finished"}
-            assert log.count(f" {rid} queued ") == 1 and log.count(f" {rid} started ") == 1
+        log = herald.output()[log_start:]
+        assert {e["event"] for e in pc.events("while-down")} == {"queued", "started",
+                                                                 "finished"}
+        assert log.count(" while-down queued ") == 1 and log.count(" while-down started ") == 1
+        assert pc.events("retained1") == [] and " retained1 queued " not in log
+        assert log.count("retained command refused") == 1, "reported once, not per connect"
         refused = [e for e in pc.events() if e["event"] == "error" and "retained" in e["error"]]
         assert refused and refused[0]["topic"] == f"{BASE}/say"
         assert herald.proc.poll() is None

@@ -28,7 +28,8 @@ class Harness:
         self.timers: list[Timer] = []
         self.submitted: list[Request] = []
         self.seen = RecentIds()
-        self.r = Reassembly(max_text, 5.0, self._later, self.seen)
+        self.reported: list[RequestError] = []
+        self.r = Reassembly(max_text, 5.0, self._later, self.seen, self.reported.append)
 
     def _later(self, delay: float, fn: Callable[[], None]) -> Timer:
         self.timers.append(Timer(delay, fn))
@@ -110,5 +111,73 @@ def test_a_refused_first_piece_leaves_no_stream_behind_but_its_id_is_remembered(
         h.r.take(parse_stream_piece(b'{"id": "s", "seq": 0, "text": "Hi"}'),
                  lambda p: stream_request(p, LIMITS), refuse)
     assert "s" in h.seen
-    with pytest.raises(RequestError, match="already ended"):
-        h.piece(id="s", seq=1, text="there.")
+    h.piece(id="s", seq=1, text="there.")  # dropped: the refusal already said why
+    assert not h.submitted and "s" in h.r.gate
+
+
+def fire(h: Harness) -> float:
+    """Run the pending drop-summary timer (a clock, by hand); returns its delay."""
+    due = [t for t in h.timers if not t.cancelled and t.fn.__qualname__.split(".")[1] in
+           ("_start_dropping", "_summarize")]
+    assert len(due) == 1, due
+    due[0].cancelled = True
+    due[0].fn()
+    return due[0].delay
+
+
+def test_a_flood_after_a_refusal_is_dropped_and_summarized_not_answered_piece_by_piece() -> None:
+    h = Harness(max_text=10)
+    h.piece(id="f", seq=0, text="abcdefgh")
+    h.piece(id="f", seq=1, text="ijk")  # one too many: the stream is refused here
+    with pytest.raises(RequestError, match="exceeds 10 characters"):
+        h.text()
+    # Pieces already on their way reach the reassembly: dropped and counted, no error each.
+    for seq in range(2, 5):
+        h.piece(id="f", seq=seq, text="more")
+    # The rest never gets that far: the network thread's gate takes them.
+    gate = h.r.gate
+    assert all(gate.drop(json.dumps({"id": "f", "seq": s, "text": "x"}).encode())
+               for s in range(5, 1005))
+    assert not gate.drop(b'{"id": "other", "seq": 0, "text": "x"}')
+    assert not gate.drop(b"not json")
+    assert not h.reported
+    assert fire(h) == 5.0
+    assert len(h.reported) == 1 and h.reported[0].id == "f"
+    assert "dropped 1003 more pieces of it in the last 5 s" in str(h.reported[0])
+    assert "longer than 10 characters" in str(h.reported[0])
+    # While pieces keep coming, each report waits twice as long as the one before.
+    waits = []
+    for _ in range(6):
+        gate.drop(b'{"id": "f", "seq": 5000, "text": "x"}')
+        waits.append(fire(h))
+    assert waits == [10.0, 20.0, 40.0, 60.0, 60.0, 60.0]
+    assert len(h.reported) == 7 and "in the last 60 s" in str(h.reported[-1])
+    fire(h)  # a quiet interval: nothing to report, and the gate closes
+    assert len(h.reported) == 7 and "f" not in gate
+    assert not gate.drop(b'{"id": "f", "seq": 9999, "text": "x"}')
+    # A new burst of the same id: the first piece is refused again, the rest counted.
+    with pytest.raises(RequestError, match="dropped"):
+        h.piece(id="f", seq=9999, text="x")
+    h.piece(id="f", seq=10000, text="x")
+    assert fire(h) == 5.0
+    assert "dropped 1 more piece of it" in str(h.reported[-1])
+    assert len(h.submitted) == 1
+
+
+def test_a_stream_that_ended_takes_no_more_pieces_and_says_so_once() -> None:
+    h = Harness()
+    h.piece(id="s", seq=0, text="Hi.", final=True)
+    with pytest.raises(RequestError, match="has already ended"):
+        h.piece(id="s", seq=1, text="again")
+    for seq in range(2, 50):
+        h.piece(id="s", seq=seq, text="again")  # no error each
+    fire(h)
+    assert [str(e).count("dropped 48 more") for e in h.reported] == [1]
+
+
+def test_empty_pieces_count_towards_max_text_too() -> None:
+    h = Harness(max_text=10)
+    for seq in range(11):  # in order, each fed at once: the eleventh is one too many
+        h.piece(id="e", seq=seq, text="")
+    with pytest.raises(RequestError, match="exceeds 10 characters"):
+        h.text()

@@ -21,10 +21,11 @@ import numpy as np
 import pytest
 from audio_checks import assert_pcm_close, assert_speech, pcm16
 
+from daemon.buffer import AudioBuffer
 from daemon.engine import Engine
 from daemon.metrics import LatencyRecord, Metrics
 from daemon.request import NOTHING_TO_SAY, Request, RequestError, TextStream
-from daemon.scheduler import AudioBuffer, Scheduler
+from daemon.scheduler import Scheduler
 from daemon.settings import SchedulerSettings
 from daemon.sinks.speaker import PlaybackStats
 from tts import AudioChunk, AudioFormat, SynthesisOptions, UnknownVoice
@@ -93,6 +94,9 @@ class PacedSpeaker:
                 pass
         self.played.append((start, time.monotonic(), samples))
         return PlaybackStats(samples=samples, cut=self._cut.is_set())
+
+    def stalled(self) -> str | None:
+        return None  # its clock never stops
 
     def cut(self, key: Any = None) -> None:
         self.cuts.append(None if key is None else key.req.id)

@@ -278,11 +278,12 @@ def test_starved_buffer_counts_one_underrun_and_loses_nothing(
 
 def test_hung_device_fails_the_play_and_the_next_one_plays(  # type: ignore[no-untyped-def]
         speech, tmp_path: Path) -> None:
-    # The "sound card" stops taking audio 0.5 s into the first utterance, for 3 s: play()
-    # must give up with SpeakerUnavailable (not hang, which would starve the watchdog),
-    # and the next utterance, once the card is back, must play in full.
+    # The "sound card" stops taking audio 0.5 s into the first utterance (3.7 s long), for
+    # 8 s: longer than the rest of it could take plus the stall margin (2 s). play() must
+    # give up with SpeakerUnavailable (not hang, which would starve the watchdog), and the
+    # next utterance, once the card is back, must play in full.
     dev = paced_device(tmp_path, RATE)
-    results = run_driver(dev.spec(hold={"after_bytes": RATE, "seconds": 3.0}, plays=[
+    results = run_driver(dev.spec(hold={"after_bytes": RATE, "seconds": 8.0}, plays=[
         {"pcm": str(speech["long"]), "rate": RATE},
         {"pcm": str(speech["short"]), "rate": RATE},
     ]), dev.env, tmp_path)

@@ -221,7 +221,7 @@ class _Libsndfile(Encoder):
 
     def _command(self, command: int, ctype: str, value: float) -> None:
         # soundfile exposes sf_command only for the settings it names; this one it doesn't.
-        ffi, lib = soundfile._ffi, soundfile._snd  # type: ignore[attr-defined]
+        ffi, lib = soundfile._ffi, soundfile._snd
         ptr = ffi.new(ctype, value)
         if lib.sf_command(self._file._file, command, ptr, ffi.sizeof(ctype[:-1].strip())):
             raise RuntimeError(f"libsndfile refused command {command:#x} for {self.format}")

@@ -210,7 +210,8 @@ class EspeakFallback:
         wpm = int(min(MAX_WPM, max(MIN_WPM, round(DEFAULT_WPM * rate))))
         pcm = self._lib.synthesize(text, identifier, wpm)
         samples = pcm.astype(np.float32) * (LEVEL * gain / 32768.0)
-        return np.clip(samples, -1.0, 1.0)
+        clipped: np.ndarray = np.clip(samples, -1.0, 1.0)
+        return clipped
 
     def stream(self, text: str, voice: EspeakVoice, rate: float = 1.0, gain: float = 1.0,
                chunk_seconds: float = 0.5) -> Iterator[np.ndarray]:

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 from .incremental import Delay, StreamConv
-from .vits import LRELU_SLOPE, Conv, Generator, ResBlock1, ResBlock2, Upsample, _as_int, nhwc
+from .vits import LRELU_SLOPE, Conv, Generator, ResBlock1, ResBlock2, Upsample, nhwc
+from .vits.layers import _as_int
 
 PIECE = 1 << 17  # values per piece in the upsampled stages (512 KiB of float32)
 

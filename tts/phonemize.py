@@ -27,6 +27,8 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
+from .errors import TtsError
+
 PAD, BOS, EOS = "_", "^", "$"
 _LANG_SWITCH = re.compile(r"\([^)]+\)")
 _lock = threading.Lock()  # espeak-ng keeps global state: one caller at a time
@@ -47,7 +49,7 @@ _TERMINATORS = {
 }
 
 
-class PhonemizeError(Exception):
+class PhonemizeError(TtsError):
     """espeak-ng is missing or refused the voice."""
 
 

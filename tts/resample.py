@@ -100,7 +100,8 @@ class Resampler:
         centre, phase = pos // self.up, pos % self.up
         first = centre - self._half + 1 - self._base  # index into self._buf of tap 0
         windows = np.lib.stride_tricks.sliding_window_view(self._buf, self.taps)
-        out = np.einsum("ij,ij->i", windows[first], self._table[phase]).astype(np.float32)
+        out: np.ndarray = np.einsum("ij,ij->i", windows[first],
+                                    self._table[phase]).astype(np.float32)
         self._produced += len(n)
         # Drop input no future output can reach.
         next_first = (self._produced * self.down) // self.up - self._half + 1

@@ -147,7 +147,8 @@ class Synthesizer:
 def _apply_gain(samples: np.ndarray, gain: float) -> np.ndarray:
     if gain != 1.0:
         samples = samples * gain
-    return np.clip(samples, -1.0, 1.0).astype(np.float32, copy=False)
+    clipped: np.ndarray = np.clip(samples, -1.0, 1.0).astype(np.float32, copy=False)
+    return clipped
 
 
 def window_plan(frames: int, first: int, largest: int) -> list[tuple[int, int]]:

@@ -6,9 +6,10 @@ up to 300 000 rounds, before they sleep: on free cores that is what makes thousa
 operations fast. When another process holds one of the cores, though, a spinning thread
 burns the time slice its partner needs, every operation's end waits for the scheduler, and a
 two-thread synthesis collapses to several times slower than one thread (bench/README.md,
-"Under load"). Sleeping at once instead (``OMP_WAIT_POLICY=passive``, or spinning some 100
-rounds) turns it around: the threads then use a core only while they compute, and two of them
-beat one thread by far beside busy processes. On an idle machine long spinning is the faster.
+"Measurements behind the defaults"). Sleeping at once instead (``OMP_WAIT_POLICY=passive``,
+or spinning some 100 rounds) turns it around: the threads then use a core only while they
+compute, and two of them beat one thread by far beside busy processes. On an idle machine long
+spinning is the faster.
 
 libgomp reads its wait policy once, at start-up, but it spins only 100 rounds (its
 "throttled" count) whenever it manages more threads than there are cores. So a

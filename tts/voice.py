@@ -23,12 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from .errors import TtsError
 from .vits import Vits, VitsConfig
 
 log = logging.getLogger(__name__)
 
 
-class VoiceError(Exception):
+class VoiceError(TtsError):
     """A voice could not be read: wrong files, unknown layout, missing weights."""
 
 

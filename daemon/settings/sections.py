@@ -19,13 +19,14 @@ from pydantic import (
 
 from tts.warm import KeepWarm
 
+from ..errors import HeraldError
 from ..request import RATE_RANGE
 from ..voice_download import DEFAULT_CATALOG
 
 DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
-class ConfigError(Exception):
+class ConfigError(HeraldError):
     """A configuration problem, already phrased as the one line to show the user."""
 
 

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -173,9 +174,15 @@ class HttpFront:
                                   for i in catalog.infos()])
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({
-            "status": "ok", "version": self.ctx.version, "active": self.speech.active,
-            "voices": [i.name for i in self.ctx.engine.catalog.infos()]})
+        """200 ``ok``, or 503 ``stalled`` with the problem while work in hand can't move."""
+        problem = self.ctx.status.problem()
+        body: dict[str, Any] = {
+            "status": "ok" if problem is None else "stalled", "version": self.ctx.version,
+            "active": self.speech.active,
+            "voices": [i.name for i in self.ctx.engine.catalog.infos()]}
+        if problem is not None:
+            body["problem"] = problem
+        return web.json_response(body, status=200 if problem is None else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.ctx.metrics.registry),

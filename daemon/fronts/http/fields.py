@@ -16,6 +16,7 @@ from tts import SynthesisOptions
 from tts.codec import CodecName
 from tts.text import MarkupError, TextFormat, parse_ssml
 
+from ...errors import HeraldError
 from ...request import (
     NOTHING_TO_SAY,
     json_object,
@@ -36,7 +37,7 @@ _REASONS = {400: "bad_request", 401: "unauthorized", 404: "not_found",
             429: "busy"}
 
 
-class ApiError(Exception):
+class ApiError(HeraldError):
     """A refused request: the status, and a message that tells the client what to do."""
 
     def __init__(self, status: int, message: str, reason: str | None = None,

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any
 
 from aiohttp import hdrs, web
 
@@ -221,8 +221,8 @@ class SpeechApi:
         """The engine's chunks. Failing before the first one is the client's error (4xx)."""
         speech = run.speech
         run.t.started = time.monotonic()
-        stream = cast(AsyncGenerator[AudioChunk, None], self.ctx.engine.stream(
-            speech.text, speech.voice, speech.options, speech.text_format))
+        stream = self.ctx.engine.stream(speech.text, speech.voice, speech.options,
+                                        speech.text_format)
         async with contextlib.aclosing(stream):
             try:
                 first = await anext(stream, None)

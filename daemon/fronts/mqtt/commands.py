@@ -36,9 +36,10 @@ class Commands(Extension):
 
     def __init__(self, front: MqttFront) -> None:
         super().__init__(front)
-        self.streams = Reassembly(front.settings.max_text, front.settings.stream_timeout,
-                                  self._call_later, front.seen)
         topics = front.topics
+        self.streams = Reassembly(front.settings.max_text, front.settings.stream_timeout,
+                                  self._call_later, front.seen,
+                                  lambda e: front.error(topics.say_stream, str(e), e.id))
         self._routes = {topics.say: Route(self._on_say),
                         topics.say_stream: Route(self._on_stream),
                         topics.stop: Route(self._on_stop),
@@ -56,6 +57,9 @@ class Commands(Extension):
 
     def route(self, topic: str) -> Route | None:
         return self._routes.get(topic)
+
+    def drop(self, topic: str, payload: bytes) -> bool:
+        return topic == self.front.topics.say_stream and self.streams.gate.drop(payload)
 
     def on_event(self, ev: dict[str, Any]) -> None:
         if ev["event"] in TERMINAL:

@@ -59,6 +59,13 @@ class Extension:
         """The handler for a message on ``topic``; None: not ours."""
         return None
 
+    def drop(self, topic: str, payload: bytes) -> bool:
+        """True: drop this message before it reaches the event loop (the extension counts
+        it and reports it later). Runs in paho's network thread for every message, so it
+        must be cheap and thread-safe: it is what keeps a flood from queueing up ahead of
+        the messages after it."""
+        return False
+
     def connected(self) -> None:
         """After every (re)connect, once availability and status are published."""
 

@@ -178,6 +178,8 @@ class Hermes(Extension):
 
     def route(self, topic: str) -> Route | None:
         if topic == Topics.HERMES_SAY:
+            # retained_ok: the handler refuses a retained say for our site (and replies);
+            # one for another site is not ours to report
             return Route(self._on_say, retained_ok=True)
         if self._play_bytes:
             play_id = Topics.hermes_play_bytes_id(topic, self._site)
@@ -194,8 +196,14 @@ class Hermes(Extension):
 
     def _on_say(self, msg: Message) -> None:
         front = self.front
+        if msg.retained and not msg.payload:
+            return  # clears a retained say: nothing to refuse or answer
         say = parse_hermes_say(msg.payload, self._site, front.limits(), msg.timeline)
         if say is None:
+            return
+        if msg.retained:  # for our site: refused, and answered (the dialogue waits for it)
+            front.refuse_retained(msg)
+            front.publish(Topics.HERMES_SAY_FINISHED, say_finished(say), 1, False)
             return
         front.scheduler_for(say.request.id).submit(say.request)
         self._replies[say.request.id] = (Topics.HERMES_SAY_FINISHED, say_finished(say))
@@ -205,10 +213,12 @@ class Hermes(Extension):
         follows, also for a WAV refused here: Rhasspy's dialogue waits for it."""
         front, topic = self.front, msg.topic
         reply = (Topics.hermes_play_finished(self._site), play_finished(hermes_id, self._site))
+        if msg.retained:
+            front.refuse_retained(msg)
+            if msg.payload:  # an empty one clears a retained WAV: nothing to answer
+                front.publish(*reply, 1, False)
+            return
         try:
-            if msg.retained:
-                raise RequestError("retained playBytes ignored: publish audio without the "
-                                   "retain flag (clear it with an empty retained message)")
             play = parse_hermes_play(hermes_id, msg.payload, self._site, msg.timeline)
             req = play.request
             if req.id in front.seen:

@@ -4,11 +4,21 @@
 Broker-free and clock-free on purpose: the caller hands in the submit function and a
 ``call_later`` (the event loop's, in the daemon), so every rule here (order, duplicates,
 ``mqtt.max_text`` across held pieces, the timeout) is tested with plain function calls.
+
+A stream that was refused or has ended takes no more pieces, and a client that keeps
+sending them (a loop gone wrong, a flood) must not cost one error event each: the first is
+refused, the rest are dropped and counted, and reported in one summary after
+``SUMMARY_EVERY`` seconds, then after twice as long each time (up to ``SUMMARY_MAX``) while
+they keep coming: a flood of any length costs a handful of reports. ``DropGate`` lets the
+MQTT network thread drop them before they reach the event loop at all, so that a flood
+cannot queue up there ahead of a ``stop`` or a ``say``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +29,9 @@ from ...request import Request, RequestError, StreamPiece, TextStream
 log = logging.getLogger(__name__)
 
 REMEMBERED_IDS = 2000
+SUMMARY_EVERY = 5.0  # seconds before the first "dropped N pieces" report of a stream
+SUMMARY_MAX = 60.0  # ... and the longest wait between two of them
+_GATE_MAX_BYTES = 65536  # larger pieces are left to the event loop (and refused there)
 
 
 class Cancellable(Protocol):
@@ -45,6 +58,65 @@ class RecentIds:
             self._ids.popitem(last=False)
 
 
+class DropGate:
+    """The ids whose ``say/stream`` pieces are being dropped, and how many were.
+
+    ``drop`` runs in the MQTT network thread for every ``say/stream`` message, so it costs
+    nothing while no stream is being dropped, and only a JSON parse while one is; the rest
+    (opening, reading the counts) happens on the event loop. The lock makes the count exact
+    across the two threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    def drop(self, payload: bytes) -> bool:
+        """True if ``payload`` is a piece of a dropped stream (it is counted)."""
+        if not self._counts or len(payload) > _GATE_MAX_BYTES:
+            return False
+        try:
+            data = json.loads(payload)
+        except ValueError:  # not JSON: the event loop refuses it, saying why
+            return False
+        rid = data.get("id") if isinstance(data, dict) else None
+        if not isinstance(rid, str):
+            return False
+        with self._lock:
+            if rid not in self._counts:
+                return False
+            self._counts[rid] += 1
+        return True
+
+    def open(self, request_id: str) -> None:
+        with self._lock:
+            self._counts.setdefault(request_id, 0)
+
+    def take(self, request_id: str) -> int:
+        """The pieces dropped since the last call (0 for an id not being dropped)."""
+        with self._lock:
+            n = self._counts.get(request_id, 0)
+            if request_id in self._counts:
+                self._counts[request_id] = 0
+            return n
+
+    def close(self, request_id: str) -> int:
+        with self._lock:
+            return self._counts.pop(request_id, 0)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._counts
+
+
+@dataclass(eq=False)
+class _Dropping:
+    """A stream whose further pieces are dropped: why, and how many since the last report."""
+
+    why: str
+    count: int = 0
+    every: float = SUMMARY_EVERY  # until the next report
+    timer: Cancellable | None = None
+
+
 @dataclass(eq=False)
 class _Stream:
     """A say/stream utterance being assembled: pieces are fed in ``seq`` order."""
@@ -53,6 +125,7 @@ class _Stream:
     next_seq: int = 0
     pending: dict[int, tuple[str, bool]] = field(default_factory=dict)
     held: int = 0  # characters waiting in `pending` (each piece counts at least one)
+    empty: int = 0  # empty pieces fed: they count as one character each too
     timer: Cancellable | None = None
 
     @property
@@ -65,13 +138,17 @@ class Reassembly:
     """The ``say/stream`` utterances in progress, by request id."""
 
     def __init__(self, max_text: int, timeout: float, call_later: CallLater,
-                 seen: RecentIds) -> None:
+                 seen: RecentIds, report: Callable[[RequestError], None]) -> None:
+        """``report``: publishes an error found outside a ``take`` (a drop summary)."""
         self.max_text = max_text
         self.timeout = timeout
+        self.gate = DropGate()
         self._call_later = call_later
         self._seen = seen
+        self._report = report
         self._streams: dict[str, _Stream] = {}
         self._ended: OrderedDict[str, int] = OrderedDict()  # ended stream -> its next seq
+        self._dropping: dict[str, _Dropping] = {}
 
     def take(self, piece: StreamPiece, open_request: Callable[[StreamPiece], Request],
              submit: Callable[[Request], object]) -> None:
@@ -85,18 +162,19 @@ class Reassembly:
                           piece.seq)
                 return
             if piece.id in self._seen:
-                raise RequestError(f"stream {piece.id!r} has already ended; start a new "
-                                   "stream with a new id", piece.id)
+                self._drop(piece.id, "has already ended")
+                return
             # Remember the id even if the first piece is refused, so the pieces after it
-            # don't start the stream from the middle.
+            # don't start the stream from the middle: they are dropped, its refusal said why.
             self._seen.add(piece.id)
-            req = open_request(piece)
-            st = _Stream(req)
-            self._streams[req.id] = st
             try:
+                req = open_request(piece)
+                st = _Stream(req)
+                self._streams[req.id] = st
                 submit(req)
             except RequestError:
-                del self._streams[req.id]
+                self._streams.pop(piece.id, None)
+                self._start_dropping(piece.id, "was refused")
                 raise
         if piece.seq is None:
             self._feed(st, piece.text, piece.final)
@@ -122,16 +200,18 @@ class Reassembly:
         """End the stream with an error if ``more`` characters would take it past
         mqtt.max_text. Pieces held for a missing earlier one count too: they would otherwise
         pile up unchecked for as long as pieces keep coming (stream_timeout restarts)."""
-        if st.stream.total_chars + st.held + more <= self.max_text:
+        if st.stream.total_chars + st.empty + st.held + more <= self.max_text:
             return False
         self.end(st.req.id)
+        self._start_dropping(st.req.id, f"was refused: longer than {self.max_text} characters")
         st.stream.fail(RequestError(f"stream text exceeds {self.max_text} characters "
                                     "(mqtt.max_text); the rest is not spoken", st.req.id))
         return True
 
     def _feed(self, st: _Stream, text: str, final: bool) -> None:
-        if self._too_long(st, len(text)):
+        if self._too_long(st, max(1, len(text))):
             return
+        st.empty += not text
         st.req.text += text
         if final and not st.req.text.strip():
             self.end(st.req.id)
@@ -152,12 +232,52 @@ class Reassembly:
         while len(self._ended) > REMEMBERED_IDS:
             self._ended.popitem(last=False)
 
+    # --- what comes after the end
+
+    def _start_dropping(self, request_id: str, why: str) -> _Dropping:
+        """From now on, this stream's pieces are dropped and counted (its end was reported)."""
+        d = self._dropping.get(request_id)
+        if d is None:
+            d = self._dropping[request_id] = _Dropping(why)
+            self.gate.open(request_id)
+            d.timer = self._call_later(SUMMARY_EVERY, lambda: self._summarize(request_id))
+        return d
+
+    def _drop(self, request_id: str, why: str) -> None:
+        """A piece of a stream that takes none: the first is refused, the rest counted."""
+        d = self._dropping.get(request_id)
+        if d is not None:
+            d.count += 1
+            return
+        self._start_dropping(request_id, why)
+        raise RequestError(f"stream {request_id!r} {why}: this piece and the ones after it are "
+                           "dropped (and reported as a count, not one by one); start a new "
+                           "stream with a new id", request_id)
+
+    def _summarize(self, request_id: str) -> None:
+        """Report what was dropped since the last report; once nothing was, stop counting."""
+        d = self._dropping.get(request_id)
+        if d is None:
+            return
+        n = d.count + self.gate.take(request_id)
+        d.count = 0
+        if n == 0:
+            del self._dropping[request_id]
+            self.gate.close(request_id)
+            return
+        waited, d.every = d.every, min(2 * d.every, SUMMARY_MAX)
+        d.timer = self._call_later(d.every, lambda: self._summarize(request_id))
+        self._report(RequestError(
+            f"stream {request_id!r} {d.why}: dropped {n} more piece{'s' * (n != 1)} of it in "
+            f"the last {waited:g} s; start a new stream with a new id", request_id))
+
     def expire(self, request_id: str) -> None:
         """Nothing usable came within the timeout: end the stream with an error saying why."""
         st = self._streams.get(request_id)
         if st is None:
             return
         self.end(request_id)
+        self._start_dropping(request_id, "timed out")
         why = (f"piece {st.next_seq} never arrived (have {min(st.pending)}..)" if st.pending
                else "no final piece")
         st.stream.fail(RequestError(
@@ -170,3 +290,6 @@ class Reassembly:
         for st in self._streams.values():
             if st.timer:
                 st.timer.cancel()
+        for d in self._dropping.values():
+            if d.timer:
+                d.timer.cancel()

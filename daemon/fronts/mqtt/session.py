@@ -41,6 +41,7 @@ from .discovery import Discovery
 from .extension import Extension, Message, Route
 from .hermes import Hermes
 from .reassembly import RecentIds
+from .retained import RetainedRefusals, refusal
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class MqttFront:
         self.host = host or settings.host or "127.0.0.1"
         self.connected = False
         self.seen = RecentIds()  # request ids taken, on every topic: none is spoken twice
+        self._retained = RetainedRefusals()
         self._client: mqtt.Client | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
@@ -111,7 +113,7 @@ class MqttFront:
         client.on_connect_fail = self._on_connect_fail
         client.on_message = self._on_message
         if v5:
-            props = Properties(PacketTypes.CONNECT)
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             props.SessionExpiryInterval = self.settings.session_expiry
             client.connect_async(self.host, self.settings.port, self.settings.keepalive,
                                  clean_start=False, properties=props)
@@ -221,7 +223,11 @@ class MqttFront:
                         self.settings.port, self._connect_failures)
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
-        self._call(self._dispatch, Message(msg.topic, bytes(msg.payload), msg.retain, Timeline()))
+        topic, payload = msg.topic, bytes(msg.payload)
+        for ext in self.extensions:
+            if ext.drop(topic, payload):
+                return
+        self._call(self._dispatch, Message(topic, payload, msg.retain, Timeline()))
 
     def _call(self, fn: Any, *args: Any) -> None:
         loop = self._loop
@@ -245,7 +251,12 @@ class MqttFront:
         self._was_connected = True
         topics = [t for ext in self.extensions for t in ext.subscriptions()]
         if self.settings.protocol == "5":
-            self._client.subscribe([(t, SubscribeOptions(qos=1)) for t in topics])
+            # Retain As Published: a retained command keeps its flag live and when queued in
+            # the session, so it is refused like the stored copy; Retain Handling 1: a
+            # resumed session does not get the stored copy on top of the queued one.
+            options = SubscribeOptions(qos=1, retainAsPublished=True,
+                                       retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
+            self._client.subscribe([(t, options) for t in topics])
         else:
             self._client.subscribe([(t, 1) for t in topics])
         self.publish(self.topics.availability, AVAILABILITY_ONLINE, 1, True)
@@ -265,10 +276,10 @@ class MqttFront:
         if route is None:
             log.debug("MQTT: ignoring message on %s", msg.topic)
             return
+        if msg.retained and not route.retained_ok:
+            self.refuse_retained(msg)
+            return
         try:
-            if msg.retained and not route.retained_ok:
-                raise RequestError("retained command ignored: publish commands without the "
-                                   "retain flag (clear it with an empty retained message)")
             route.handle(msg)
         except RequestError as e:
             self.error(msg.topic, str(e), e.id)
@@ -277,6 +288,11 @@ class MqttFront:
             self.error(msg.topic, f"internal error: {e}")
 
     # --- what the extensions share
+
+    def refuse_retained(self, msg: Message) -> None:
+        """A retained command is never executed; reported once (see ``retained``)."""
+        if self._retained.first(msg.topic, msg.payload):
+            self.error(msg.topic, refusal(msg.topic))
 
     def limits(self) -> Limits:
         """The request limits and defaults for a request arriving now."""

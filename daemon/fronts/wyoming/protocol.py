@@ -7,6 +7,7 @@ from typing import TypeVar, cast
 
 from wyoming.event import Event, Eventable
 
+from ...errors import HeraldError
 from ...request import (
     RequestError,
     check_unicode,
@@ -16,14 +17,14 @@ PROGRAM = "herald"
 FRONT = "wyoming"
 
 
-class WyomingError(Exception):
+class WyomingError(HeraldError):
     """The Wyoming front could not start (address in use, bad socket path, ...)."""
 
 
 # --- failures ---------------------------------------------------------------------------------
 
 
-class Refused(Exception):
+class Refused(HeraldError):
     """A request or event the client gets an ``error`` event for."""
 
     def __init__(self, code: str, text: str) -> None:

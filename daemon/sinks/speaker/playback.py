@@ -1,0 +1,101 @@
+"""What the speaker is set up with, what a playback reports, and one utterance's playback
+as the event loop sees it: a mixer ``Voice`` whose hooks reach the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from .mixer import State, Voice
+
+
+class SpeakerSettings(BaseModel):
+    enabled: bool = True
+    # PortAudio device: a number, or (part of) a name, case-insensitive; None = system default.
+    device: str | int | None = None
+    volume: float = Field(1.0, ge=0.0, le=1.0)
+    # Device sample rate. None: the voice's rate if the device takes it, else the device's
+    # default rate (with resampling). Set it for devices that misreport what they accept.
+    rate: int | None = Field(None, ge=8000, le=384000)
+    preroll_ms: float = Field(60.0, ge=0.0, le=5000.0)  # buffered before the stream starts
+    lead_in_ms: float = Field(0.0, ge=0.0, le=2000.0)  # silence first: devices that wake late
+    fade_ms: float = Field(15.0, ge=1.0, le=500.0)  # fade-out on cut()
+    latency_ms: float = Field(100.0, ge=5.0, le=2000.0)  # device buffer PortAudio asks for
+    block_ms: float = Field(20.0, ge=2.0, le=200.0)  # audio per callback
+    park_ms: float = Field(500.0, ge=50.0, le=60000.0)  # starvation before the stream stops
+    max_buffer_seconds: float = Field(30.0, ge=1.0)  # jitter buffer bound (feeding waits)
+    retry_seconds: float = Field(10.0, ge=0.0)  # after a failed open, fail fast this long
+    device_timeout: float = Field(5.0, gt=0.0)  # a PortAudio call taking longer = failure
+
+
+@dataclass
+class PlaybackStats:
+    samples: int = 0  # samples of the input (voice rate) handed to the device
+    underruns: int = 0  # episodes of an empty buffer while the utterance was producing
+    cut: bool = False
+    device_rate: int = 0  # rate the device ran at (!= input rate: resampled)
+    xruns: int = 0  # underflows PortAudio reported on the device itself
+
+
+class Playback(Voice):
+    """A voice whose hooks reach the event loop: ``play()`` waits on ``done``, the feeder on
+    ``space``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, src_rate: int, dev_rate: int,
+                 settings: SpeakerSettings, on_first_audio: Callable[[], None] | None,
+                 key: object = None) -> None:
+        super().__init__(src_rate, dev_rate, settings, key)
+        self.loop = loop
+        self.on_first_audio = on_first_audio  # replaced under ``lock`` (a claimed cue)
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.space = asyncio.Event()
+
+    def first_audio(self) -> None:
+        if self.on_first_audio is not None:
+            self.signal(self.on_first_audio)
+
+    def space_freed(self) -> None:
+        self.signal(self.space.set)
+
+    def heard(self) -> None:
+        self.signal(self.finish)
+
+    def signal(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn`` on the loop (from PortAudio's thread)."""
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # loop closed: nobody is waiting any more
+            pass
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """On the loop: resolve ``play()``'s wait."""
+        with self.lock:
+            self.state = State.DONE
+        if not self.done.done():
+            if error is None:
+                self.done.set_result(None)
+            else:
+                self.done.set_exception(error)
+        self.space.set()
+
+
+@dataclass
+class Quiet:
+    """An utterance that has made no progress since ``since`` (monotonic)."""
+
+    since: float
+    report_after: float  # seconds of it that a working device may show
+    device: str
+
+    def stalled(self) -> str | None:
+        """What is wrong, once it has been quiet for longer than a working device would be."""
+        seconds = time.monotonic() - self.since
+        if seconds <= self.report_after:
+            return None
+        return (f"the speaker has played nothing for {seconds:.0f} s with audio to play "
+                f"(sound device {self.device!r})")
