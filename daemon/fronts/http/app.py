@@ -1,11 +1,12 @@
 """The HTTP front: the app, its routes and guard, the kiosk web page and Prometheus ``/metrics``.
 
-Audio leaves as the engine makes it: ``/tts/stream`` sends the WAV header at once and then
-each chunk's PCM, so ``curl -N ... | aplay`` starts speaking while the rest of the text is
-still being synthesized. Everything a request can get wrong (token, size, fields, voice,
-speaker, nothing to say) is found before the status line goes out, because once audio has
-started the status can no longer say what went wrong. That includes malformed SSML
-(``format: "ssml"``): it is parsed before synthesis and refused with 400, line and column.
+Audio leaves as the engine makes it: ``/tts/stream`` sends each chunk the moment it is
+encoded (a WAV: the header, then PCM), so ``curl -N ... | aplay`` starts speaking while the
+rest of the text is still being synthesized. Everything a request can get wrong (token,
+size, fields, voice, speaker, format, nothing to say) is found before the status line goes
+out, because once audio has started the status can no longer say what went wrong. That
+includes malformed SSML (``format: "ssml"``): it is parsed before synthesis and refused
+with 400, line and column.
 
 There is no queue here: a request beyond ``max_concurrent`` is refused with 429 and a
 ``Retry-After`` rather than left waiting on a socket, so a burst cannot pile up unbounded
@@ -34,7 +35,7 @@ from ...settings import HttpSettings
 from .. import is_loopback_host
 from .batch import batch
 from .fields import ApiError
-from .openai import openai_speech
+from .openai import openai_error, openai_speech
 from .speech import SpeechApi
 
 log = logging.getLogger("daemon.fronts.http")
@@ -136,8 +137,8 @@ class HttpFront:
             if request.writer.output_size > 0:  # status already sent: aiohttp drops the link
                 raise
             self.ctx.metrics.request(self.name, "error")
-            return web.json_response({"error": "internal error; the herald log has details"},
-                                     status=500)
+            return web.json_response(self._error_body(request, ApiError(
+                500, "internal error; the herald log has details")), status=500)
 
     def _check_token(self, request: web.Request) -> None:
         token = self.settings.token
@@ -155,7 +156,13 @@ class HttpFront:
         log.info("HTTP %d for %s %s from %s: %s", e.status, request.method, request.path,
                  request.remote, e.message)
         self.ctx.metrics.request(self.name, e.reason)
-        return web.json_response({"error": e.message}, status=e.status, headers=e.headers)
+        return web.json_response(self._error_body(request, e), status=e.status,
+                                 headers=e.headers)
+
+    @staticmethod
+    def _error_body(request: web.Request, e: ApiError) -> dict[str, object]:
+        """herald's error shape, or OpenAI's on its API (``/v1/``)."""
+        return openai_error(e) if request.path.startswith("/v1/") else {"error": e.message}
 
     # ------------------------------------------------------------------ the rest
 

@@ -1,18 +1,27 @@
-"""``POST /tts/batch``: many utterances as one ZIP of WAVs, streamed entry by entry."""
+"""``POST /tts/batch``: many utterances as one ZIP, streamed entry by entry.
+
+Each entry is in its item's ``response_format`` (default: the batch's, from the query or the
+``{"items": [...], "response_format": ...}`` form; WAV without one). Items are synthesized
+side by side, as many at once as the engine has workers (more would only take turns on
+them), and go into the ZIP in the order they were asked for.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import re
 import time
 import zipfile
+from collections import deque
+from collections.abc import AsyncGenerator
 from dataclasses import replace
 from pathlib import PurePosixPath
 
 from aiohttp import hdrs, web
 
-from tts import wav_bytes
+from tts.codec import EXTENSIONS
 
 from ...metrics import Timeline
 from ...request import (
@@ -27,6 +36,7 @@ from .fields import (
     kind_of,
     string_field,
 )
+from .formats import encode_whole, response_format_field
 from .speech import SpeechApi
 
 log = logging.getLogger("daemon.fronts.http")
@@ -47,23 +57,52 @@ async def batch(api: SpeechApi, request: web.Request) -> web.StreamResponse:
         sink = ZipSink()
         with contextlib.suppress(ConnectionError):  # the client went away: see SpeechApi.measured
             with zipfile.ZipFile(sink, "w", zipfile.ZIP_STORED) as zf:
-                for speech in items:
-                    run = api.run(speech, Timeline(received=received))
-                    with api.measured(run):
-                        try:
-                            pcm = await api.synthesize_all(run)
-                        except NothingToSay:
-                            log.warning("HTTP batch item %s has nothing to pronounce; it "
-                                        "gets an empty WAV", speech.filename)
-                            pcm = b""
+                async with contextlib.aclosing(in_order(api, items, received)) as done:
+                    async for speech, data in done:
                         info = zipfile.ZipInfo(speech.filename, time.localtime()[:6])
-                        zf.writestr(info, wav_bytes(pcm, run.fmt))
+                        zf.writestr(info, data)
                         await resp.write(sink.drain())
-                        run.t.first_audio = time.monotonic()
-                        run.outcome = "ok"
             await resp.write(sink.drain())  # the central directory
             await resp.write_eof()
         return resp
+
+
+async def in_order(api: SpeechApi, items: list[Speech], received: float
+                   ) -> AsyncGenerator[tuple[Speech, bytes], None]:
+    """Each item with its encoded audio, in the order given, while the next ones are
+    synthesized: as many at once as the engine has workers."""
+    window = api.ctx.engine.workers
+    running: deque[tuple[Speech, asyncio.Task[bytes]]] = deque()
+    todo = iter(items)
+    try:
+        while True:
+            while len(running) < window and (speech := next(todo, None)) is not None:
+                running.append((speech, asyncio.create_task(
+                    item_audio(api, speech, received))))
+            if not running:
+                return
+            speech, task = running.popleft()
+            yield speech, await task
+    finally:  # the client went away, or an item failed: the rest is not wanted
+        for _, task in running:
+            task.cancel()
+        await asyncio.gather(*(task for _, task in running), return_exceptions=True)
+
+
+async def item_audio(api: SpeechApi, speech: Speech, received: float) -> bytes:
+    """One item's audio, encoded as it asked, with its latency record."""
+    run = api.run(speech, Timeline(received=received))
+    with api.measured(run):
+        try:
+            pcm = await api.synthesize_all(run)
+        except NothingToSay:
+            log.warning("HTTP batch item %s has nothing to pronounce; it gets no audio",
+                        speech.filename)
+            pcm = b""
+        data = await encode_whole(speech.response_format, run.fmt, pcm)
+        run.t.first_audio = time.monotonic()  # the entry is this sink's first audio
+        run.outcome = "ok"
+    return data
 
 
 async def batch_items(api: SpeechApi, request: web.Request) -> list[Speech]:
@@ -72,6 +111,10 @@ async def batch_items(api: SpeechApi, request: web.Request) -> list[Speech]:
         raise ApiError(415, f"/tts/batch takes a JSON body, not {ctype!r}")
     body = parse_json(decode_utf8(await request.read(), "request body"))
     items = body.get("items") if isinstance(body, dict) else body
+    # The batch's default format: the query's, below the body's.
+    defaults = {k: v for k, v in [*request.query.items(), *(
+        body.items() if isinstance(body, dict) else ())] if k == "response_format"}
+    default = response_format_field(defaults, "wav")
     if not isinstance(items, list):
         raise ApiError(400, 'send a JSON list [{"text": ..., "voice": ..., "filename": '
                        '...}, ...] (or {"items": [...]})')
@@ -87,15 +130,17 @@ async def batch_items(api: SpeechApi, request: web.Request) -> list[Speech]:
         if not isinstance(item, dict):
             raise ApiError(400, f"{where}must be an object like {{\"text\": \"Hello\"}}, "
                            f"not {kind_of(item)}")
-        speech = await api.speech(item, where, SPEECH_FIELDS | {"filename"})
-        name = unique_filename(string_field(item, "filename", where), i, taken)
+        speech = await api.speech({"response_format": default, **item}, where,
+                                  SPEECH_FIELDS | {"filename"})
+        name = unique_filename(string_field(item, "filename", where), i, taken,
+                               EXTENSIONS[speech.response_format])
         out.append(replace(speech, filename=name))
     return out
 
 
 class ZipSink:
     """A write-only, unseekable file for ``zipfile``: the handler drains it after each entry,
-    so a batch holds one WAV in memory at a time, not fifty."""
+    so a batch holds the few entries being made in memory, not fifty."""
 
     def __init__(self) -> None:
         self._parts: list[bytes] = []
@@ -121,14 +166,14 @@ class ZipSink:
         return data
 
 
-def unique_filename(raw: str | None, index: int, taken: set[str]) -> str:
-    """A safe ``NAME.wav`` for a ZIP entry: no directories, no odd characters, no repeats."""
+def unique_filename(raw: str | None, index: int, taken: set[str], ext: str = ".wav") -> str:
+    """A safe ``NAME.ext`` for a ZIP entry: no directories, no odd characters, no repeats."""
     base = PurePosixPath((raw or "").replace("\\", "/")).name
-    if base.lower().endswith(".wav"):
-        base = base[:-4]
+    if base.lower().endswith(ext):
+        base = base[:-len(ext)]
     stem = _UNSAFE_FILENAME.sub("_", base).strip("._-")[:80] or f"{index + 1:03d}"
-    name, n = f"{stem}.wav", 2
+    name, n = f"{stem}{ext}", 2
     while name.lower() in taken:
-        name, n = f"{stem}-{n}.wav", n + 1
+        name, n = f"{stem}-{n}{ext}", n + 1
     taken.add(name.lower())
     return name

@@ -13,6 +13,7 @@ from urllib.parse import parse_qsl
 from aiohttp import hdrs, web
 
 from tts import SynthesisOptions
+from tts.codec import CodecName
 from tts.text import MarkupError, TextFormat, parse_ssml
 
 from ...errors import HeraldError
@@ -24,7 +25,8 @@ from ...request import (
 log = logging.getLogger("daemon.fronts.http")
 
 
-SPEECH_FIELDS = frozenset({"text", "voice", "speaker", "rate", "seed", "stream", "format"})
+SPEECH_FIELDS = frozenset({"text", "voice", "speaker", "rate", "seed", "stream", "format",
+                           "response_format"})
 TEXT_FORMATS = ("text", "ssml")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -39,10 +41,11 @@ class ApiError(HeraldError):
     """A refused request: the status, and a message that tells the client what to do."""
 
     def __init__(self, status: int, message: str, reason: str | None = None,
-                 headers: Mapping[str, str] | None = None) -> None:
+                 headers: Mapping[str, str] | None = None, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.param = param  # the field at fault, for OpenAI's error shape
         self.reason = reason or _REASONS.get(status, "error")
         self.headers = dict(headers or {})
 
@@ -64,6 +67,7 @@ class Speech:
     stream: bool = False
     filename: str = ""
     text_format: TextFormat = "text"
+    response_format: CodecName = "wav"  # the audio format the answer comes in
 
 
 async def read_fields(request: web.Request) -> dict[str, Any]:

@@ -15,8 +15,9 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
-from tts import AudioChunk, UnknownVoice, VoiceError, to_pcm16, wav_bytes
-from tts.audio import AudioFormat, wav_stream_header
+from tts import AudioChunk, UnknownVoice, VoiceError, to_pcm16
+from tts.audio import AudioFormat
+from tts.codec import CONTENT_TYPES
 from tts.text import MarkupError
 
 from ...context import Context
@@ -42,6 +43,7 @@ from .fields import (
     speaker_field,
     string_field,
 )
+from .formats import AudioBody, Events, encode_whole, response_format_field, wants_events
 
 log = logging.getLogger("daemon.fronts.http")
 
@@ -101,7 +103,8 @@ class SpeechApi:
                           seed=None if seed is None else int(seed))
         voice = self.voice(string_field(fields, "voice", where), options.speaker)
         return Speech(text, voice, options, stream=bool_field(fields, "stream", where),
-                      text_format=text_format)
+                      text_format=text_format,
+                      response_format=response_format_field(fields, "wav", where))
 
     def text(self, fields: Mapping[str, Any], key: str, where: str = "") -> str:
         value = fields.get(key)
@@ -133,14 +136,16 @@ class SpeechApi:
         with self.slot():
             speech = await self.speech(await read_fields(request))
             if speech.stream:
-                return await self.send_stream(request, speech, t, "audio/wav")
+                return await self.send_stream(request, speech, t,
+                                              "herald" if wants_events(request) else None)
             return await self.send_whole(request, speech, t)
 
     async def tts_stream(self, request: web.Request) -> web.StreamResponse:
         t = Timeline()
         with self.slot():
             speech = await self.speech(await read_fields(request))
-            return await self.send_stream(request, speech, t, "audio/wav")
+            return await self.send_stream(request, speech, t,
+                                          "herald" if wants_events(request) else None)
 
     def run(self, speech: Speech, t: Timeline) -> Run:
         return Run(speech, t, self.ctx.engine.audio_format(speech.voice))
@@ -182,28 +187,32 @@ class SpeechApi:
         run = self.run(speech, t)
         with self.measured(run):
             pcm = await self.synthesize_all(run)
-            body = wav_bytes(pcm, run.fmt)
+            body = await encode_whole(speech.response_format, run.fmt, pcm)
             t.first_audio = time.monotonic()  # the whole file is this sink's first audio
             run.outcome = "ok"
-        return web.Response(body=body, headers=self.audio_headers(run, "audio/wav"))
+        return web.Response(body=body, headers=self.audio_headers(
+            run, CONTENT_TYPES[speech.response_format]))
 
     async def send_stream(self, request: web.Request, speech: Speech, t: Timeline,
-                           content_type: str, header: bool = True) -> web.StreamResponse:
-        """Header, then each chunk's PCM the moment the engine hands it over."""
+                           events: Events | None = None) -> web.StreamResponse:
+        """Each chunk's audio, encoded as ``speech.response_format`` (and framed as
+        server-sent ``events`` if asked for), the moment the engine hands it over."""
         run = self.run(speech, t)
-        resp = web.StreamResponse(headers=self.audio_headers(run, content_type))
-        with contextlib.suppress(ConnectionError), self.measured(run):  # gone: see measured
+        body = AudioBody(speech.response_format, run.fmt, events)
+        resp = web.StreamResponse(headers=self.audio_headers(run, body.content_type))
+        with contextlib.suppress(ConnectionError), self.measured(run), \
+                contextlib.closing(body):  # gone: see measured
             async with contextlib.aclosing(self.chunks(run)) as chunks:
                 async for chunk in chunks:
+                    data = await body.feed(to_pcm16(chunk.samples))
                     if not resp.prepared:  # the first chunk: nothing can fail as a 4xx now
                         await resp.prepare(request)
-                        if header:
-                            await resp.write(wav_stream_header(run.fmt))
-                    await resp.write(to_pcm16(chunk.samples))
+                    await resp.write(data)
                     if t.first_audio is None:
                         t.first_audio = time.monotonic()
                     run.samples += len(chunk.samples)
             t.synth_done = time.monotonic()
+            await resp.write(await body.finish(lambda: self.latency(run, "ok")))
             await resp.write_eof()
             run.outcome = "ok"
         return resp
@@ -237,8 +246,11 @@ class SpeechApi:
                 "X-Sample-Rate": str(fmt.rate), "X-Sample-Width": str(fmt.width),
                 "X-Channels": str(fmt.channels)}
 
-    def record(self, run: Run) -> None:
-        self.ctx.metrics.record(LatencyRecord.from_timeline(
+    def latency(self, run: Run, outcome: str | None = None) -> LatencyRecord:
+        return LatencyRecord.from_timeline(
             run.id, self.name, self.name, run.speech.voice, run.t, run.samples / run.fmt.rate,
-            outcome=run.outcome))
+            outcome=outcome or run.outcome)
+
+    def record(self, run: Run) -> None:
+        self.ctx.metrics.record(self.latency(run))
 
