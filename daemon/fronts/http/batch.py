@@ -16,12 +16,12 @@ from tts import wav_bytes
 
 from ...metrics import Timeline
 from ...request import (
+    RequestError,
     parse_json,
 )
 from .fields import (
     SPEECH_FIELDS,
     ApiError,
-    NothingToSay,
     Speech,
     decode_utf8,
     kind_of,
@@ -38,32 +38,31 @@ _UNSAFE_FILENAME = re.compile(r"[^\w.-]+")
 async def batch(api: SpeechApi, request: web.Request) -> web.StreamResponse:
     """A ZIP streamed entry by entry: every item is checked before the first byte."""
     received = time.monotonic()
-    with api.slot():
-        items = await batch_items(api, request)
-        resp = web.StreamResponse(headers={
-            hdrs.CONTENT_TYPE: "application/zip", hdrs.CACHE_CONTROL: "no-store",
-            hdrs.CONTENT_DISPOSITION: 'attachment; filename="herald.zip"'})
-        await resp.prepare(request)
-        sink = ZipSink()
-        with contextlib.suppress(ConnectionError):  # the client went away: see SpeechApi.measured
-            with zipfile.ZipFile(sink, "w", zipfile.ZIP_STORED) as zf:
-                for speech in items:
-                    run = api.run(speech, Timeline(received=received))
-                    with api.measured(run):
-                        try:
-                            pcm = await api.synthesize_all(run)
-                        except NothingToSay:
-                            log.warning("HTTP batch item %s has nothing to pronounce; it "
-                                        "gets an empty WAV", speech.filename)
-                            pcm = b""
-                        info = zipfile.ZipInfo(speech.filename, time.localtime()[:6])
-                        zf.writestr(info, wav_bytes(pcm, run.fmt))
-                        await resp.write(sink.drain())
-                        run.t.first_audio = time.monotonic()
-                        run.outcome = "ok"
-            await resp.write(sink.drain())  # the central directory
-            await resp.write_eof()
-        return resp
+    items = await batch_items(api, request)
+    resp = web.StreamResponse(headers={
+        hdrs.CONTENT_TYPE: "application/zip", hdrs.CACHE_CONTROL: "no-store",
+        hdrs.CONTENT_DISPOSITION: 'attachment; filename="herald.zip"'})
+    await resp.prepare(request)
+    sink = ZipSink()
+    with contextlib.suppress(ConnectionError):  # the client went away: its job stopped
+        with zipfile.ZipFile(sink, "w", zipfile.ZIP_STORED) as zf:
+            for speech in items:
+                # one job at a time: a batch takes one of HTTP's slots, as one request does
+                job = api.submit(speech, Timeline(received=received))
+                try:
+                    pcm = await api.synthesize_all(job)
+                except RequestError as e:
+                    if e.code != "nothing-to-say":
+                        raise
+                    log.warning("HTTP batch item %s has nothing to pronounce; it gets an "
+                                "empty WAV", speech.filename)
+                    pcm = b""
+                info = zipfile.ZipInfo(speech.filename, time.localtime()[:6])
+                zf.writestr(info, wav_bytes(pcm, api.ctx.engine.audio_format(speech.voice)))
+                await resp.write(sink.drain())
+        await resp.write(sink.drain())  # the central directory
+        await resp.write_eof()
+    return resp
 
 
 async def batch_items(api: SpeechApi, request: web.Request) -> list[Speech]:

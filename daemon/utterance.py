@@ -1,0 +1,133 @@
+"""One job's parts while the scheduler holds it: the audio synthesized ahead of its sinks
+(``AudioBuffer``), the job itself (``Utterance``) and the lane it waits and runs in."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from tts import AudioChunk, AudioFormat
+
+from .metrics import Timeline
+from .request import Request, RequestError
+
+
+class AudioBuffer:
+    """Chunks synthesized ahead of playback, bounded by their total length in samples."""
+
+    def __init__(self, max_samples: int) -> None:
+        self.max_samples = max(1, max_samples)
+        self._chunks: deque[AudioChunk] = deque()
+        self._samples = 0
+        self._ended = False
+        self._aborted = False
+        self._error: BaseException | None = None
+        self._readable = asyncio.Event()
+        self._writable = asyncio.Event()
+
+    async def put(self, chunk: AudioChunk) -> None:
+        while self._samples >= self.max_samples and not self._ended:
+            self._writable.clear()
+            await self._writable.wait()
+        if self._ended:
+            return
+        self._chunks.append(chunk)
+        self._samples += len(chunk.samples)
+        self._readable.set()
+
+    async def get(self) -> AudioChunk | None:
+        """The next chunk; None at the end; the producer's error after the chunks before it."""
+        while not self._chunks:
+            if self._ended:
+                if self._error is not None and not self._aborted:
+                    error, self._error = self._error, None
+                    raise error
+                return None
+            self._readable.clear()
+            await self._readable.wait()
+        chunk = self._chunks.popleft()
+        self._samples -= len(chunk.samples)
+        self._writable.set()
+        return chunk
+
+    def finish(self, error: BaseException | None = None) -> None:
+        if not self._ended:
+            self._ended = True
+            self._error = error
+        self._readable.set()
+        self._writable.set()
+
+    @property
+    def complete(self) -> bool:
+        """Everything the producer will put is here, and none of it has been taken."""
+        return self._ended and self._error is None and not self._aborted
+
+    def peek(self) -> list[AudioChunk]:
+        """The chunks waiting, left in place."""
+        return list(self._chunks)
+
+    def abort(self) -> None:
+        self._chunks.clear()
+        self._samples = 0
+        self._aborted = True
+        self.finish()
+
+
+@dataclass(eq=False)
+class Utterance:
+    req: Request
+    order: int
+    lane: Lane
+    done: asyncio.Future[str]
+    fmt: AudioFormat | None = None  # what its synthesis comes in, known once it starts
+    buffer: AudioBuffer | None = None
+    producer: asyncio.Task[None] | None = None
+    player: asyncio.Task[None] | None = None
+    cut: bool = False
+    waiting_text: bool = False
+    # One synthesis, several queues (wyoming.also_play): the utterances this one's producer
+    # also feeds, and the one whose producer feeds this one.
+    tee: list[Utterance] = field(default_factory=list)
+    feeder: Utterance | None = None
+
+    def sort_key(self) -> tuple[int, int, int]:
+        return (0 if self.req.mode == "interrupt" else 1, -self.req.priority, self.order)
+
+
+@dataclass(eq=False)
+class Lane:
+    name: str
+    slots: int
+    prefetch: bool
+    waiting: list[Utterance] = field(default_factory=list)
+    running: list[Utterance] = field(default_factory=list)
+
+
+def whole(utt: Utterance) -> bool:
+    """All of the utterance's audio is known: played as it came, or synthesized to the end."""
+    return utt.req.audio is not None or (utt.buffer is not None and utt.buffer.complete)
+
+
+def first_audio(t: Timeline) -> None:
+    """The utterance's first audio reached its sink (stamped the first time only)."""
+    if t.first_audio is None:
+        t.first_audio = time.monotonic()
+
+
+class SynthesisFailed(Exception):
+    """The producer failed after some audio: what was made is played, then this is reported."""
+
+    def __init__(self, error: RequestError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+async def slices(pcm: bytes, fmt: AudioFormat, seconds: float) -> AsyncIterator[bytes]:
+    """Whole PCM in pieces of about ``seconds``, the way synthesis hands audio over, so the
+    speaker's jitter buffer (not one huge push) sets how far ahead of the device it runs."""
+    step = max(1, round(fmt.rate * seconds)) * fmt.width * fmt.channels
+    for start in range(0, len(pcm), step):
+        yield pcm[start:start + step]
