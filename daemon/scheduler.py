@@ -8,6 +8,9 @@ after ``synthesis.paragraph_silence`` (consecutive utterances are paragraphs) in
 device stream: no synthesis delay, no device restart in between. Requests whose audio only goes
 to network sinks (MQTT audio topics) don't wait for the speaker: they run in the network
 lane, ``scheduler.parallel`` at a time, with the same ordering rules among those waiting.
+Jobs a client connection waits for (HTTP, Wyoming: a ``ClientSink``) run in the client lane
+at once, within their front's share (``limit``); the client's pace holds their synthesis,
+and a client that leaves stops its job.
 
 Everything here runs on the event loop; the engine does the CPU work in its threads.
 Timeline stamps: ``started`` is when synthesis began (for a prefetched utterance, before it
@@ -35,7 +38,18 @@ from .metrics import LatencyRecord, Metrics, Timeline
 from .request import NOTHING_TO_SAY, Request, RequestError, failure
 from .settings import SchedulerSettings
 from .sinks.speaker import SpeakerSink, SpeakerUnavailable
-from .utterance import AudioBuffer, Lane, SynthesisFailed, Utterance, first_audio, slices, whole
+from .utterance import (
+    AudioBuffer,
+    Lane,
+    SynthesisFailed,
+    Utterance,
+    first_audio,
+    sink_names,
+    skip_writing,
+    slices,
+    synthesized,
+    whole,
+)
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +173,7 @@ class Scheduler:
                 else f"{len(req.text)} chars, voice {req.voice}")
         with request_context(req.id):
             log.info("%s queued from %s for %s (%s, priority %d, %s)", req.id, req.front,
-                     _sink_names(req), what, req.priority, req.mode)
+                     sink_names(req), what, req.priority, req.mode)
         self._emit("queued", req)
         if req.mode == "interrupt":
             for other in list(lane.running):
@@ -370,7 +384,7 @@ class Scheduler:
                 if first:  # the time the writer took to finish a sentence is not herald's
                     first = False
                     for u in (utt, *utt.tee):
-                        _skip_writing(u.req.timeline)
+                        skip_writing(u.req.timeline)
                 yield steps
 
     async def _play(self, utt: Utterance) -> None:
@@ -387,7 +401,7 @@ class Scheduler:
             assert utt.buffer is not None and utt.fmt is not None
             voice = req.voice or self.engine.catalog.default
             fmt = utt.fmt
-            source = self._synthesized(utt.buffer)
+            source = synthesized(utt.buffer)
         self._emit("started", req)
         log.info("%s started (queue %.0f ms)", req.id, (time.monotonic() - t.received) * 1000)
         streams = [self.network_sinks[s].open(req.id, fmt) for s in req.sinks if s != "speaker"]
@@ -485,18 +499,6 @@ class Scheduler:
         if utt is self._cued or utt in self.speaker_lane.running:
             first_audio(utt.req.timeline)
 
-    @staticmethod
-    async def _synthesized(buffer: AudioBuffer) -> AsyncIterator[bytes]:
-        """The synthesized chunks as PCM; a synthesis error ends them as ``SynthesisFailed``."""
-        while True:
-            try:
-                chunk = await buffer.get()
-            except Exception as e:
-                raise SynthesisFailed(failure(e)) from e
-            if chunk is None:
-                return
-            yield to_pcm16(chunk.samples)
-
     def _finish(self, utt: Utterance, outcome: str, error: RequestError | None, voice: str,
                 audio_seconds: float, underruns: int) -> None:
         req = utt.req
@@ -506,7 +508,7 @@ class Scheduler:
             pass  # no audio reached the client: its front counts how it answered it
         else:
             self.metrics.record(LatencyRecord.from_timeline(
-                req.id, req.front, _sink_names(req), voice, req.timeline, audio_seconds,
+                req.id, req.front, sink_names(req), voice, req.timeline, audio_seconds,
                 underruns, "ok" if outcome == "finished" else outcome))
         utt.lane.running.remove(utt)
         self._forget(utt)
@@ -517,16 +519,3 @@ class Scheduler:
             utt.done.set_result(outcome)
         self._pump(utt.lane)
 
-
-def _sink_names(req: Request) -> str:
-    """Where a job's audio goes, as the log and the latency record name it."""
-    return "+".join(req.sinks + ((req.client.name,) if req.client is not None else ()))
-
-
-def _skip_writing(t: Timeline) -> None:
-    """Leave out of a streamed text's latency the wait for its first sentence (an LLM
-    writing): from then on, herald has something to say."""
-    if t.started is not None:
-        wait = time.monotonic() - t.started
-        t.received += wait
-        t.started += wait

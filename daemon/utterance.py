@@ -9,10 +9,10 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from tts import AudioChunk, AudioFormat
+from tts import AudioChunk, AudioFormat, to_pcm16
 
 from .metrics import Timeline
-from .request import Request, RequestError
+from .request import Request, RequestError, failure
 
 
 class AudioBuffer:
@@ -131,3 +131,29 @@ async def slices(pcm: bytes, fmt: AudioFormat, seconds: float) -> AsyncIterator[
     step = max(1, round(fmt.rate * seconds)) * fmt.width * fmt.channels
     for start in range(0, len(pcm), step):
         yield pcm[start:start + step]
+
+
+async def synthesized(buffer: AudioBuffer) -> AsyncIterator[bytes]:
+    """The synthesized chunks as PCM; a synthesis error ends them as ``SynthesisFailed``."""
+    while True:
+        try:
+            chunk = await buffer.get()
+        except Exception as e:
+            raise SynthesisFailed(failure(e)) from e
+        if chunk is None:
+            return
+        yield to_pcm16(chunk.samples)
+
+
+def sink_names(req: Request) -> str:
+    """Where a job's audio goes, as the log and the latency record name it."""
+    return "+".join(req.sinks + ((req.client.name,) if req.client is not None else ()))
+
+
+def skip_writing(t: Timeline) -> None:
+    """Leave out of a streamed text's latency the wait for its first sentence (an LLM
+    writing): from then on, herald has something to say."""
+    if t.started is not None:
+        wait = time.monotonic() - t.started
+        t.received += wait
+        t.started += wait
