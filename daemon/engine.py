@@ -81,6 +81,11 @@ class Engine:
         return self._active > 0
 
     @property
+    def renders(self) -> int:
+        """Renders started so far (one per whole text, one per sentence of a streamed one)."""
+        return self._renders
+
+    @property
     def warm_sweeps(self) -> int:
         """Reads of the idle voices' memory so far."""
         return self._warmer.sweeps

@@ -16,11 +16,11 @@ import secrets
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from tts import SynthesisOptions, VoiceError
+from tts import SynthesisOptions, UnknownVoice, VoiceError
 from tts.compose import Planner, Step
 from tts.text import MarkupError, TextFormat, parse_ssml
 from tts.text.markup import MAX_RATE, MIN_RATE
@@ -28,6 +28,9 @@ from tts.text.markup import MAX_RATE, MIN_RATE
 from .errors import HeraldError
 from .metrics import Timeline
 from .topics import TopicError, check_request_id
+
+if TYPE_CHECKING:
+    from .sinks.client import ClientSink
 
 Mode = Literal["queue", "interrupt"]
 SINKS = ("speaker", "mqtt")
@@ -42,20 +45,63 @@ SEED_RANGE = (0, 2**63 - 1)
 NOTHING_TO_SAY = "the text has nothing espeak-ng can pronounce: send words"
 
 
-class RequestError(HeraldError, ValueError):
-    """A request that cannot be served, with the message to send back (and its id if known)."""
+# Why a request is refused or failed, the same on every front: Wyoming sends the code as its
+# ``error`` code, MQTT puts it in the error event, HTTP maps it to a status
+# (``daemon.fronts.http.fields.STATUS``). The message says what to do about it.
+Code = Literal[
+    "bad-request",  # a field is malformed, missing, unknown or out of range
+    "bad-text",  # control characters, invalid UTF-8, an unpaired surrogate
+    "empty-text",  # nothing but white space
+    "text-too-long",  # over the front's limit
+    "bad-markup",  # malformed SSML
+    "unknown-voice",  # no installed voice has that name or speaks that language
+    "bad-voice",  # the voice has no such speaker
+    "nothing-to-say",  # espeak-ng found nothing to pronounce ("...")
+    "too-old",  # older than its ts allows (mqtt.max_age)
+    "busy",  # admission: the front's share of the work is taken; retry later
+    "unavailable",  # a sink is off or failed, or herald is shutting down
+    "synthesis-failed",  # the engine failed: herald's fault, the log has details
+]
 
-    def __init__(self, message: str, id: str | None = None) -> None:
+
+class RequestError(HeraldError, ValueError):
+    """A request that cannot be served: the message to send back, why (``code``), and its
+    id if known."""
+
+    code: Code = "bad-request"
+
+    def __init__(self, message: str, id: str | None = None, code: Code | None = None) -> None:
         super().__init__(message)
         self.id = id
+        if code is not None:
+            self.code = code
 
 
 class EmptyText(RequestError):
     """The text has nothing to say in it."""
 
+    code: Code = "empty-text"
+
 
 class TextTooLong(RequestError):
     """More text than the front takes at once."""
+
+    code: Code = "text-too-long"
+
+
+def failure(e: BaseException, request_id: str | None = None) -> RequestError:
+    """What an error raised while a request was served means to its client: the same
+    code on every front, whatever layer raised it."""
+    if isinstance(e, RequestError):
+        return e
+    text = str(e) or type(e).__name__
+    if isinstance(e, MarkupError):
+        return RequestError(text, request_id, "bad-markup")
+    if isinstance(e, UnknownVoice):
+        return RequestError(text, request_id, "unknown-voice")
+    if isinstance(e, VoiceError):
+        return RequestError(text, request_id, "bad-voice")
+    return RequestError(f"synthesis failed: {text}", request_id, "synthesis-failed")
 
 
 def new_id() -> str:
@@ -164,6 +210,9 @@ class Request:
     # at ``audio_rate``. It waits its turn in the speaker queue like any utterance.
     audio: bytes | None = None
     audio_rate: int = 0
+    # The client connection that waits for the audio (an HTTP response, a Wyoming client):
+    # a sink of this job alone, next to the named ``sinks``.
+    client: ClientSink | None = None
 
     def options(self, base: SynthesisOptions) -> SynthesisOptions:
         """This request's synthesis options on top of the configured defaults (only the
@@ -252,10 +301,10 @@ def decode_text(payload: bytes) -> str:
         text = payload.decode("utf-8")
     except UnicodeDecodeError as e:
         raise RequestError(f"payload is not valid UTF-8 (byte {e.start}); send UTF-8 text "
-                           "or JSON") from None
+                           "or JSON", code="bad-text") from None
     if _CONTROL.search(text):
         raise RequestError("payload contains binary data (control characters); send UTF-8 "
-                           "text or JSON")
+                           "text or JSON", code="bad-text")
     return text
 
 
@@ -312,7 +361,7 @@ def refuse_control(text: str, id: str | None = None, *, field: str = "text",
     if control:
         raise RequestError(f"{where}{field} holds a control character "
                            f"(U+{ord(control.group()):04X} at {control.start()}); send plain "
-                           "text", id)
+                           "text", id, "bad-text")
     return text
 
 
@@ -344,12 +393,12 @@ def _build(f: _Fields, limits: Limits, front: str, timeline: Timeline | None,
         age = time.time() - f.ts
         if age > limits.max_age:
             raise RequestError(f"request is {age:.0f} s old (ts), older than mqtt.max_age "
-                               f"{limits.max_age:g} s: not spoken late", rid)
+                               f"{limits.max_age:g} s: not spoken late", rid, "too-old")
     try:
         voice = limits.resolve_voice(f.voice)
         limits.check_speaker(voice, f.speaker)
     except VoiceError as e:
-        raise RequestError(str(e), rid) from None
+        raise failure(e, rid) from None
     if f.format == "ssml" and stream is None:
         check_ssml(f.text, rid)
     req = Request(text=f.text, voice=voice, speaker=f.speaker, rate=f.rate,
@@ -370,7 +419,7 @@ def check_ssml(text: str, request_id: str | None = None) -> None:
     try:
         parse_ssml(text)
     except MarkupError as e:
-        raise RequestError(str(e), request_id) from None
+        raise RequestError(str(e), request_id, "bad-markup") from None
 
 
 def parse_say(payload: bytes, limits: Limits, front: str = "mqtt",

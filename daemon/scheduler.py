@@ -8,6 +8,9 @@ after ``synthesis.paragraph_silence`` (consecutive utterances are paragraphs) in
 device stream: no synthesis delay, no device restart in between. Requests whose audio only goes
 to network sinks (MQTT audio topics) don't wait for the speaker: they run in the network
 lane, ``scheduler.parallel`` at a time, with the same ordering rules among those waiting.
+Jobs a client connection waits for (HTTP, Wyoming: a ``ClientSink``) run in the client lane
+at once, within their front's share (``limit``); the client's pace holds their synthesis,
+and a client that leaves stops its job.
 
 Everything here runs on the event loop; the engine does the CPU work in its threads.
 Timeline stamps: ``started`` is when synthesis began (for a prefetched utterance, before it
@@ -22,7 +25,7 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -33,9 +36,20 @@ from .buffer import AudioBuffer
 from .engine import Engine
 from .logcontext import context_for, request_context
 from .metrics import LatencyRecord, Metrics, Timeline
-from .request import NOTHING_TO_SAY, Request, RequestError
+from .request import NOTHING_TO_SAY, Request, RequestError, failure
 from .settings import SchedulerSettings
 from .sinks.protocol import NetworkSink, Speaker, SpeakerUnavailable
+from .utterance import (
+    Lane,
+    SynthesisFailed,
+    Utterance,
+    first_audio,
+    sink_names,
+    skip_writing,
+    slices,
+    synthesized,
+    whole,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,32 +57,12 @@ EventListener = Callable[[dict[str, Any]], None]
 TERMINAL = ("finished", "stopped", "error")
 AUDIO_VOICE = "wav"  # the latency record's voice for audio played as it came (no synthesis)
 AUDIO_SLICE_SECONDS = 0.1  # audio played as it came goes to the speaker in pieces this long
+# Audio synthesized ahead of a client connection (HTTP, Wyoming), in seconds: the client's
+# own pace sets the synthesis' beyond this (back-pressure), so a client that reads slowly or
+# not at all holds little memory and no worker.
+CLIENT_AHEAD_SECONDS = 1.0
 
 
-@dataclass(eq=False)
-class Utterance:
-    req: Request
-    order: int
-    lane: Lane
-    done: asyncio.Future[str]
-    fmt: AudioFormat | None = None  # what its synthesis comes in, known once it starts
-    buffer: AudioBuffer | None = None
-    producer: asyncio.Task[None] | None = None
-    player: asyncio.Task[None] | None = None
-    cut: bool = False
-    waiting_text: bool = False
-
-    def sort_key(self) -> tuple[int, int, int]:
-        return (0 if self.req.mode == "interrupt" else 1, -self.req.priority, self.order)
-
-
-@dataclass(eq=False)
-class Lane:
-    name: str
-    slots: int
-    prefetch: bool
-    waiting: list[Utterance] = field(default_factory=list)
-    running: list[Utterance] = field(default_factory=list)
 
 
 class Scheduler:
@@ -82,6 +76,11 @@ class Scheduler:
         self.speaker = speaker
         self.speaker_lane = Lane("speaker", 1, settings.prefetch)
         self.network_lane = Lane("network", settings.parallel, False)
+        # Jobs a client connection waits for (HTTP, Wyoming) start at once: the fronts admit
+        # them (``limit``, their connection caps) and the engine shares its workers among them
+        # by their playback deadlines.
+        self.client_lane = Lane("client", 1 << 30, False)
+        self._limits: dict[str, tuple[int, str]] = {}
         self.network_sinks: dict[str, NetworkSink] = {}
         self._listeners: list[EventListener] = []
         self._order = itertools.count()
@@ -102,6 +101,15 @@ class Scheduler:
     def available_sinks(self) -> tuple[str, ...]:
         return (("speaker",) if self.speaker else ()) + tuple(self.network_sinks)
 
+    def limit(self, front: str, jobs: int, setting: str) -> None:
+        """Admit at most ``jobs`` from ``front`` at once (waiting or running); more are
+        refused as ``busy``. ``setting`` names the key that sets it, for the message."""
+        self._limits[front] = (jobs, setting)
+
+    def count(self, front: str | None = None) -> int:
+        """Jobs in hand (waiting or running), of one front or of all."""
+        return sum(1 for u in self._ids.values() if front is None or u.req.front == front)
+
     # ------------------------------------------------------------------ requests
 
     def submit(self, req: Request) -> asyncio.Future[str]:
@@ -111,38 +119,79 @@ class Scheduler:
         queue is full.
         """
         if self._closing:
-            raise RequestError("herald is shutting down", req.id)
+            raise RequestError("herald is shutting down", req.id, "unavailable")
         missing = [s for s in req.sinks if s not in self.available_sinks()]
         if missing:
             why = ("the speaker is disabled or failed to start (see speaker.enabled and the "
                    "log)" if "speaker" in missing else f"sink {missing[0]!r} is not available")
-            raise RequestError(why, req.id)
+            raise RequestError(why, req.id, "unavailable")
+        if not req.sinks and req.client is None:
+            raise RequestError("the request has nowhere to go: name a sink", req.id)
         if req.audio is not None and req.sinks != ("speaker",):
             raise RequestError("audio to play goes only to the speaker, not to "
                                f"{'+'.join(req.sinks)}", req.id)
         if req.id in self._ids:
             raise RequestError(f"id {req.id!r} is already queued or playing; use a new id",
                                req.id)
-        waiting = self.waiting_count()
-        if waiting >= self.settings.max_queue:
-            raise RequestError(f"queue full ({waiting} waiting, scheduler.max_queue): try "
-                               "again later", req.id)
-        lane = self.speaker_lane if "speaker" in req.sinks else self.network_lane
+        self._admit(req)
+        spoken: Request | None = None
+        if req.client is not None and "speaker" in req.sinks:
+            # The client's job and the speaker's copy: two queues, one synthesis (the
+            # client's job feeds the copy), a latency record each.
+            spoken = replace(req, sinks=("speaker",), client=None, stream=None,
+                             timeline=Timeline(received=req.timeline.received))
+            req.sinks = tuple(s for s in req.sinks if s != "speaker")
+        lane = (self.speaker_lane if "speaker" in req.sinks else
+                self.client_lane if req.client is not None else self.network_lane)
         utt = Utterance(req, next(self._order), lane, asyncio.get_running_loop().create_future())
         self._ids[req.id] = utt
+        if req.client is not None:
+            req.client.on_leave = partial(self._leave, utt)
+        if spoken is not None:
+            copy = Utterance(spoken, next(self._order), self.speaker_lane,
+                             asyncio.get_running_loop().create_future(), feeder=utt)
+            utt.tee.append(copy)
+            self._start_producer(utt)  # before either player starts: it makes both buffers
+            self._queue(copy)
+        self._queue(utt)
+        return utt.done
+
+    def _queue(self, utt: Utterance) -> None:
+        req, lane = utt.req, utt.lane
         lane.waiting.append(utt)
         lane.waiting.sort(key=Utterance.sort_key)
         what = (f"{len(req.audio) / 2 / req.audio_rate:.1f} s of audio" if req.audio is not None
                 else f"{len(req.text)} chars, voice {req.voice}")
         with request_context(req.id):
             log.info("%s queued from %s for %s (%s, priority %d, %s)", req.id, req.front,
-                     "+".join(req.sinks), what, req.priority, req.mode)
+                     sink_names(req), what, req.priority, req.mode)
         self._emit("queued", req)
         if req.mode == "interrupt":
             for other in list(lane.running):
                 self._cut(other)
         self._pump(lane)
-        return utt.done
+
+    def _admit(self, req: Request) -> None:
+        """One admission policy for every front: a bounded queue, and each front's share."""
+        waiting = self.waiting_count()
+        if waiting >= self.settings.max_queue:
+            raise RequestError(f"queue full ({waiting} waiting, scheduler.max_queue): try "
+                               "again later", req.id, "busy")
+        jobs, setting = self._limits.get(req.front, (0, ""))
+        if jobs and self.count(req.front) >= jobs:
+            raise RequestError(f"busy: all {jobs} synthesis slots are in use ({setting}); "
+                               "try again shortly", req.id, "busy")
+
+    def _leave(self, utt: Utterance) -> None:
+        """The job's client went away: stop it, as a ``stop`` would."""
+        if self._ids.get(utt.req.id) is not utt:
+            return
+        with request_context(utt.req.id):
+            log.info("%s: its %s client went away; stopping it", utt.req.id, utt.req.front)
+        if utt in utt.lane.waiting:
+            self._drop(utt)
+        else:
+            self._cut(utt)
 
     def stop(self, request_id: str | None = None) -> list[str]:
         """Stop one utterance (queued or playing), or everything; the ids affected.
@@ -154,7 +203,7 @@ class Scheduler:
             if utt is None:
                 raise RequestError(f"nothing queued or playing with id {request_id!r}",
                                    request_id)
-            targets = [utt]
+            targets = [utt, *utt.tee]
         else:
             # waiting ones first: dropping them never frees a slot the others could take
             targets = [u for lane in self._lanes() for u in lane.waiting + lane.running]
@@ -166,7 +215,7 @@ class Scheduler:
         return [u.req.id for u in targets]
 
     def snapshot(self) -> dict[str, Any]:
-        running = self.speaker_lane.running + self.network_lane.running
+        running = [u for lane in self._lanes() for u in lane.running]
         return {"state": "speaking" if running else "idle", "queue": self.waiting_count(),
                 "current_id": running[0].req.id if running else None}
 
@@ -195,13 +244,14 @@ class Scheduler:
         if self.on_progress is not None:
             self.on_progress()
 
-    def _lanes(self) -> tuple[Lane, Lane]:
-        return self.speaker_lane, self.network_lane
+    def _lanes(self) -> tuple[Lane, Lane, Lane]:
+        return self.speaker_lane, self.network_lane, self.client_lane
 
-    def _emit(self, event: str, req: Request, error: str | None = None) -> None:
+    def _emit(self, event: str, req: Request, error: RequestError | None = None) -> None:
         payload: dict[str, Any] = {"event": event, "id": req.id}
         if error is not None:
-            payload["error"] = error
+            payload["error"] = str(error)
+            payload["code"] = error.code
         for fn in self._listeners:
             try:
                 fn(payload)
@@ -219,19 +269,24 @@ class Scheduler:
             self._start_producer(lane.waiting[0])
         self._recue()
         self.metrics.queue_depth.set(self.waiting_count())
-        self.metrics.active.set(len(self.speaker_lane.running) + len(self.network_lane.running))
+        self.metrics.active.set(sum(len(lane.running) for lane in self._lanes()))
 
     def _drop(self, utt: Utterance) -> None:
         """Remove a waiting utterance before it started."""
         utt.lane.waiting.remove(utt)
-        self._ids.pop(utt.req.id, None)
-        if utt.producer:
-            utt.producer.cancel()
+        self._forget(utt)
+        utt.cut = True
+        if utt.buffer:
+            utt.buffer.abort()
+        self._release(utt)
         if utt.req.stream:
             utt.req.stream.fail(RequestError("stopped"))
+        if utt.req.client is not None:
+            utt.req.client.close("stopped")
         with request_context(utt.req.id):
             log.info("%s stopped before it started", utt.req.id)
-        self.metrics.request(utt.req.front, "stopped")
+        if utt.req.client is None:  # else its front counts how it answered it
+            self.metrics.request(utt.req.front, "stopped")
         self._emit("stopped", utt.req)
         if not utt.done.done():
             utt.done.set_result("stopped")
@@ -244,23 +299,41 @@ class Scheduler:
         utt.cut = True
         if utt.buffer:
             utt.buffer.abort()
-        if utt.producer:
-            utt.producer.cancel()
+        self._release(utt)
+        if utt.req.client is not None:
+            utt.req.client.leave()  # a player waiting on it goes on (and ends) at once
         if "speaker" in utt.req.sinks and self.speaker:
             self.speaker.cut(utt)
 
+    def _forget(self, utt: Utterance) -> None:
+        if self._ids.get(utt.req.id) is utt:  # a tee's copy shares its feeder's id
+            del self._ids[utt.req.id]
+
+    def _release(self, utt: Utterance) -> None:
+        """Stop the synthesis that feeds ``utt`` once nobody reads it any more."""
+        owner = utt.feeder or utt
+        if owner.producer and not owner.producer.done() and all(
+                u.cut or u.done.done() for u in (owner, *owner.tee)):
+            owner.producer.cancel()
+
     def _start_producer(self, utt: Utterance) -> None:
-        if utt.req.audio is not None:
-            return  # nothing to synthesize: the audio is played as it came
+        if utt.req.audio is not None or utt.feeder is not None or utt.buffer is not None:
+            return  # played as it came, fed by another's synthesis, or already started
         utt.fmt = self.engine.audio_format(utt.req.voice)
-        utt.buffer = AudioBuffer(int(self.settings.buffer_seconds * utt.fmt.rate))
+        ahead = (CLIENT_AHEAD_SECONDS if utt.lane is self.client_lane else
+                 self.settings.buffer_seconds)
+        utt.buffer = AudioBuffer(int(ahead * utt.fmt.rate))
         utt.req.timeline.started = time.monotonic()
+        for copy in utt.tee:
+            copy.fmt = utt.fmt
+            copy.buffer = AudioBuffer(int(self.settings.buffer_seconds * utt.fmt.rate))
+            copy.req.timeline.started = utt.req.timeline.started
         utt.producer = asyncio.create_task(self._produce(utt), name=f"herald-synth-{utt.req.id}",
                                            context=context_for(utt.req.id))
 
     async def _produce(self, utt: Utterance) -> None:
-        req, buffer = utt.req, utt.buffer
-        assert buffer is not None
+        req = utt.req
+        buffers = [u.buffer for u in (utt, *utt.tee) if u.buffer is not None]
         opts = req.options(self.synthesis)
         error: BaseException | None = None
         try:
@@ -273,21 +346,26 @@ class Scheduler:
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
                     self._progress()
-                    await buffer.put(chunk)
+                    for buffer in buffers:  # one whose reader left takes it at once
+                        await buffer.put(chunk)
         except asyncio.CancelledError:
-            buffer.abort()
+            for buffer in buffers:
+                buffer.abort()
             raise
         except Exception as e:
             error = e
         finally:
-            req.timeline.synth_done = time.monotonic()
-        buffer.finish(error)
+            for u in (utt, *utt.tee):
+                u.req.timeline.synth_done = time.monotonic()
+        for buffer in buffers:
+            buffer.finish(error)
         self._recue()  # whole now: it can be the speaker's cue
 
     async def _arriving(self, utt: Utterance, batches: AsyncGenerator[list[Step], None]
                         ) -> AsyncGenerator[list[Step], None]:
         """A streamed text's sentences, with the wait for each marked as waiting for text
         (time the watchdog must not count as synthesis stuck)."""
+        first = True
         async with contextlib.aclosing(batches):
             while True:
                 utt.waiting_text = True
@@ -298,27 +376,33 @@ class Scheduler:
                 finally:
                     utt.waiting_text = False
                     self._progress()
+                if first:  # the time the writer took to finish a sentence is not herald's
+                    first = False
+                    for u in (utt, *utt.tee):
+                        skip_writing(u.req.timeline)
                 yield steps
 
     async def _play(self, utt: Utterance) -> None:
         req, t = utt.req, utt.req.timeline
-        error: str | None = None
+        error: RequestError | None = None
         source: AsyncIterator[bytes]
         if req.audio is not None:
             voice = AUDIO_VOICE
             fmt = AudioFormat(req.audio_rate)
             t.started = t.synth_done = time.monotonic()  # nothing to synthesize: synth_ms 0
-            source = _slices(req.audio, fmt, AUDIO_SLICE_SECONDS)
+            source = slices(req.audio, fmt, AUDIO_SLICE_SECONDS)
         else:
-            if utt.producer is None:
-                self._start_producer(utt)
+            self._start_producer(utt)
             assert utt.buffer is not None and utt.fmt is not None
             voice = req.voice or self.engine.catalog.default
             fmt = utt.fmt
-            source = self._synthesized(utt.buffer)
+            source = synthesized(utt.buffer)
         self._emit("started", req)
         log.info("%s started (queue %.0f ms)", req.id, (time.monotonic() - t.received) * 1000)
         streams = [self.network_sinks[s].open(req.id, fmt) for s in req.sinks if s != "speaker"]
+        client = req.client
+        if client is not None:
+            client.open(fmt)
         on_speaker = "speaker" in req.sinks
         samples = 0
         underruns = 0
@@ -332,17 +416,19 @@ class Scheduler:
                     samples += len(data) // 2
                     for s in streams:
                         s.write(data)
+                    if client is not None:
+                        await client.write(data)  # the client's pace: back-pressure
                     if not on_speaker:
-                        _first_audio(t)
+                        first_audio(t)
                     self._progress()
                     yield data
-            except _SynthesisFailed as e:  # play what came before it, then report
-                error = str(e)
+            except SynthesisFailed as e:  # play what came before it, then report
+                error = e.error
 
         try:
             if on_speaker:
                 assert self.speaker is not None
-                stats = await self.speaker.play(fmt, pcm(), partial(_first_audio, t), key=utt,
+                stats = await self.speaker.play(fmt, pcm(), partial(first_audio, t), key=utt,
                                                 pause=self.synthesis.paragraph_silence)
                 underruns = stats.underruns
                 utt.cut = utt.cut or stats.cut
@@ -350,17 +436,18 @@ class Scheduler:
                 async for _ in pcm():
                     pass
         except SpeakerUnavailable as e:
-            error = f"speaker unavailable: {e}"
+            error = RequestError(f"speaker unavailable: {e}", req.id, "unavailable")
         except asyncio.CancelledError:
             utt.cut = True
         except Exception as e:
             log.exception("%s: playback failed", req.id)
-            error = _describe(e)
+            error = failure(e, req.id)
         finally:
-            if utt.producer and not utt.producer.done():
-                utt.producer.cancel()
+            utt.cut = utt.cut or error is not None
+            self._release(utt)
             if samples == 0 and not error and not utt.cut and req.audio is None:
-                error = NOTHING_TO_SAY  # "...": silence is not "finished" (HTTP says 400)
+                # "...": silence is not "finished" (HTTP says 400)
+                error = RequestError(NOTHING_TO_SAY, req.id, "nothing-to-say")
             outcome = "error" if error else ("stopped" if utt.cut else "finished")
             for s in streams:
                 try:
@@ -381,7 +468,7 @@ class Scheduler:
             return
         lane = self.speaker_lane
         nxt = lane.waiting[0] if lane.waiting and lane.running and not self._closing else None
-        if nxt is not None and not _whole(nxt):
+        if nxt is not None and not whole(nxt):
             nxt = None
         prev = self._cued
         if prev is nxt:
@@ -403,31 +490,24 @@ class Scheduler:
     def _cue_first_audio(self, utt: Utterance) -> None:
         """The speaker started the cue of ``utt`` (unless it was withdrawn meanwhile)."""
         if utt is self._cued or utt in self.speaker_lane.running:
-            _first_audio(utt.req.timeline)
+            first_audio(utt.req.timeline)
 
-    @staticmethod
-    async def _synthesized(buffer: AudioBuffer) -> AsyncIterator[bytes]:
-        """The synthesized chunks as PCM; a synthesis error ends them as ``_SynthesisFailed``."""
-        while True:
-            try:
-                chunk = await buffer.get()
-            except Exception as e:
-                raise _SynthesisFailed(_describe(e)) from e
-            if chunk is None:
-                return
-            yield to_pcm16(chunk.samples)
-
-    def _finish(self, utt: Utterance, outcome: str, error: str | None, voice: str,
+    def _finish(self, utt: Utterance, outcome: str, error: RequestError | None, voice: str,
                 audio_seconds: float, underruns: int) -> None:
         req = utt.req
         if req.stream:
             req.stream.fail(RequestError(outcome))
-        rec = LatencyRecord.from_timeline(req.id, req.front, "+".join(req.sinks), voice,
-                                          req.timeline, audio_seconds, underruns,
-                                          "ok" if outcome == "finished" else outcome)
-        self.metrics.record(rec)
+        record = None
+        # A client's job that sent no audio files no record: its front answered it (4xx).
+        if req.client is None or audio_seconds or outcome == "finished":
+            record = LatencyRecord.from_timeline(
+                req.id, req.front, sink_names(req), voice, req.timeline, audio_seconds,
+                underruns, "ok" if outcome == "finished" else outcome)
+            self.metrics.record(record)
+        if req.client is not None:
+            req.client.close(outcome, error, record)
         utt.lane.running.remove(utt)
-        self._ids.pop(req.id, None)
+        self._forget(utt)
         if error:
             log.warning("%s failed: %s", req.id, error)
         self._emit(outcome, req, error)
@@ -435,30 +515,3 @@ class Scheduler:
             utt.done.set_result(outcome)
         self._pump(utt.lane)
 
-
-def _whole(utt: Utterance) -> bool:
-    """All of the utterance's audio is known: played as it came, or synthesized to the end."""
-    return utt.req.audio is not None or (utt.buffer is not None and utt.buffer.complete)
-
-
-def _first_audio(t: Timeline) -> None:
-    """The utterance's first audio reached its sink (stamped the first time only)."""
-    if t.first_audio is None:
-        t.first_audio = time.monotonic()
-
-
-class _SynthesisFailed(Exception):
-    """The producer failed after some audio: what was made is played, then this is reported."""
-
-
-async def _slices(pcm: bytes, fmt: AudioFormat, seconds: float) -> AsyncIterator[bytes]:
-    """Whole PCM in pieces of about ``seconds``, the way synthesis hands audio over, so the
-    speaker's jitter buffer (not one huge push) sets how far ahead of the device it runs."""
-    step = max(1, round(fmt.rate * seconds)) * fmt.width * fmt.channels
-    for start in range(0, len(pcm), step):
-        yield pcm[start:start + step]
-
-
-def _describe(e: BaseException) -> str:
-    text = str(e) or type(e).__name__
-    return text if isinstance(e, (RequestError, ValueError)) else f"synthesis failed: {text}"

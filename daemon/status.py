@@ -2,9 +2,7 @@
 ``status`` (and Home Assistant's State, Time to first audio and Real-time factor sensors) and
 of the line ``systemctl status`` shows.
 
-Work reaches herald two ways: through the scheduler (MQTT, Hermes, the speaker) and straight
-to the engine, answered on the connection it came in on (Wyoming, HTTP). The scheduler knows
-its own; the direct fronts say when they begin and end serving a request. Every
+Every front's work goes through the scheduler, which knows what runs and what waits. Every
 latency record, from any front, becomes ``last_latency``. Listeners hear of each change.
 """
 
@@ -29,7 +27,6 @@ class Status:
         # The speaker/network scheduler (daemon.scheduler.Scheduler), once the service has one.
         self.scheduler: Any | None = None
         self.last_latency: dict[str, Any] | None = None
-        self._serving: dict[str, str] = {}  # request id -> front, served outside the scheduler
         self._listeners: list[Listener] = []
         state.add_listener(lambda _: self.changed())
 
@@ -44,15 +41,6 @@ class Status:
                 log.exception("status listener failed")
 
     # ------------------------------------------------------------------ what changes it
-
-    def begin(self, request_id: str, front: str) -> None:
-        """A front started serving a request itself (not through the scheduler)."""
-        self._serving[request_id] = front
-        self.changed()
-
-    def end(self, request_id: str) -> None:
-        if self._serving.pop(request_id, None) is not None:
-            self.changed()
 
     def latency(self, record: LatencyRecord) -> None:
         """A metrics listener: every front's latency record is the last latency."""
@@ -69,9 +57,5 @@ class Status:
         """``{state, queue, current_id, voice, volume, version, last_latency}``."""
         snap: dict[str, Any] = (self.scheduler.snapshot() if self.scheduler is not None else
                                 {"state": "idle", "queue": 0, "current_id": None})
-        if self._serving:
-            snap["state"] = "speaking"
-            if snap["current_id"] is None:
-                snap["current_id"] = next(iter(self._serving))
         return {**snap, **self.state.as_dict(), "version": self.version,
                 "last_latency": self.last_latency}

@@ -664,6 +664,7 @@ async def main(port, short, streamed, sent_file):
     await speaker.stop()
     with open(sent_file, "wb") as f:
         f.write(sent)
+    print(engine.renders)
     print(json.dumps([[r.id, r.front, r.sink, r.outcome] for r in records]))
 
 asyncio.run(main(int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]))
@@ -685,7 +686,10 @@ def test_also_play_speaks_the_same_text_on_the_local_speaker(alsa_file, synth, t
     except subprocess.TimeoutExpired:
         pytest.fail(f"the driver hung; its log:\n{log_file.read_text()[-3000:]}")
     assert done.returncode == 0, log_file.read_text()[-3000:]
-    records = json.loads(done.stdout.strip().splitlines()[-1])
+    *_, renders, last = done.stdout.strip().splitlines()
+    records = json.loads(last)
+    # One synthesis feeds both: the whole text once, the streamed one once per sentence.
+    assert int(renders) == 1 + 2
     wyoming = [r for r in records if r[2] == "wyoming"]
     spoken = [r for r in records if r[2] == "speaker"]
     assert [r[3] for r in wyoming] == ["ok", "ok"] and [r[3] for r in spoken] == ["ok", "ok"]

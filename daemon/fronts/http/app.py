@@ -8,9 +8,11 @@ out, because once audio has started the status can no longer say what went wrong
 includes malformed SSML (``format: "ssml"``): it is parsed before synthesis and refused
 with 400, line and column.
 
-There is no queue here: a request beyond ``max_concurrent`` is refused with 429 and a
-``Retry-After`` rather than left waiting on a socket, so a burst cannot pile up unbounded
-work behind the speaker and every other front.
+Every utterance is a job of the scheduler, as every front's is. HTTP's share is
+``max_concurrent`` jobs: one more is refused with 429 and a ``Retry-After`` rather than left
+waiting on a socket, so a burst cannot pile up unbounded work behind the speaker and every
+other front. Any front's refusal (``RequestError``) is answered by its code
+(``fields.STATUS``).
 """
 
 from __future__ import annotations
@@ -27,10 +29,7 @@ from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ...context import Context
-from ...request import (
-    RequestError,
-    TextTooLong,
-)
+from ...request import RequestError
 from ...settings import HttpSettings
 from .. import is_loopback_host
 from .batch import batch
@@ -111,9 +110,11 @@ class HttpFront:
             return await handler(request)
         except ApiError as e:
             return self._refuse(request, e)
-        except RequestError as e:  # the checks every front shares
-            status = 413 if isinstance(e, TextTooLong) else 400
-            return self._refuse(request, ApiError(status, str(e)))
+        except RequestError as e:  # the checks and the jobs every front shares
+            if request.writer.output_size > 0:  # status already sent: aiohttp drops the link
+                log.warning("HTTP %s %s ended early: %s", request.method, request.path, e)
+                raise
+            return self._refuse(request, ApiError.of(e, self.settings.retry_after_seconds))
         except web.HTTPException as e:  # aiohttp's: unknown path, wrong method, huge body
             if e.status < 400:
                 raise
@@ -178,7 +179,7 @@ class HttpFront:
         problem = self.ctx.status.problem()
         body: dict[str, Any] = {
             "status": "ok" if problem is None else "stalled", "version": self.ctx.version,
-            "active": self.speech.active,
+            "active": self.ctx.scheduler.count(self.speech.name),
             "voices": [i.name for i in self.ctx.engine.catalog.infos()]}
         if problem is not None:
             body["problem"] = problem

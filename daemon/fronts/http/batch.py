@@ -25,12 +25,12 @@ from tts.codec import EXTENSIONS
 
 from ...metrics import Timeline
 from ...request import (
+    RequestError,
     parse_json,
 )
 from .fields import (
     SPEECH_FIELDS,
     ApiError,
-    NothingToSay,
     Speech,
     decode_utf8,
     kind_of,
@@ -48,30 +48,29 @@ _UNSAFE_FILENAME = re.compile(r"[^\w.-]+")
 async def batch(api: SpeechApi, request: web.Request) -> web.StreamResponse:
     """A ZIP streamed entry by entry: every item is checked before the first byte."""
     received = time.monotonic()
-    with api.slot():
-        items = await batch_items(api, request)
-        resp = web.StreamResponse(headers={
-            hdrs.CONTENT_TYPE: "application/zip", hdrs.CACHE_CONTROL: "no-store",
-            hdrs.CONTENT_DISPOSITION: 'attachment; filename="herald.zip"'})
-        await resp.prepare(request)
-        sink = ZipSink()
-        with contextlib.suppress(ConnectionError):  # the client went away: see SpeechApi.measured
-            with zipfile.ZipFile(sink, "w", zipfile.ZIP_STORED) as zf:
-                async with contextlib.aclosing(in_order(api, items, received)) as done:
-                    async for speech, data in done:
-                        info = zipfile.ZipInfo(speech.filename, time.localtime()[:6])
-                        zf.writestr(info, data)
-                        await resp.write(sink.drain())
-            await resp.write(sink.drain())  # the central directory
-            await resp.write_eof()
-        return resp
+    items = await batch_items(api, request)
+    resp = web.StreamResponse(headers={
+        hdrs.CONTENT_TYPE: "application/zip", hdrs.CACHE_CONTROL: "no-store",
+        hdrs.CONTENT_DISPOSITION: 'attachment; filename="herald.zip"'})
+    await resp.prepare(request)
+    sink = ZipSink()
+    with contextlib.suppress(ConnectionError):  # the client went away: its jobs stopped
+        with zipfile.ZipFile(sink, "w", zipfile.ZIP_STORED) as zf:
+            async with contextlib.aclosing(in_order(api, items, received)) as done:
+                async for speech, data in done:
+                    info = zipfile.ZipInfo(speech.filename, time.localtime()[:6])
+                    zf.writestr(info, data)
+                    await resp.write(sink.drain())
+        await resp.write(sink.drain())  # the central directory
+        await resp.write_eof()
+    return resp
 
 
 async def in_order(api: SpeechApi, items: list[Speech], received: float
                    ) -> AsyncGenerator[tuple[Speech, bytes], None]:
     """Each item with its encoded audio, in the order given, while the next ones are
-    synthesized: as many at once as the engine has workers."""
-    window = api.ctx.engine.workers
+    synthesized: as many at once as the engine has workers (and HTTP's share allows)."""
+    window = max(1, min(api.ctx.engine.workers, api.settings.max_concurrent))
     running: deque[tuple[Speech, asyncio.Task[bytes]]] = deque()
     todo = iter(items)
     try:
@@ -90,19 +89,18 @@ async def in_order(api: SpeechApi, items: list[Speech], received: float
 
 
 async def item_audio(api: SpeechApi, speech: Speech, received: float) -> bytes:
-    """One item's audio, encoded as it asked, with its latency record."""
-    run = api.run(speech, Timeline(received=received))
-    with api.measured(run):
-        try:
-            pcm = await api.synthesize_all(run)
-        except NothingToSay:
-            log.warning("HTTP batch item %s has nothing to pronounce; it gets no audio",
-                        speech.filename)
-            pcm = b""
-        data = await encode_whole(speech.response_format, run.fmt, pcm)
-        run.t.first_audio = time.monotonic()  # the entry is this sink's first audio
-        run.outcome = "ok"
-    return data
+    """One item's audio, encoded as it asked (its job files its latency record)."""
+    job = api.submit(speech, Timeline(received=received))
+    try:
+        pcm = await api.synthesize_all(job)
+    except RequestError as e:
+        if e.code != "nothing-to-say":
+            raise
+        log.warning("HTTP batch item %s has nothing to pronounce; it gets no audio",
+                    speech.filename)
+        pcm = b""
+    return await encode_whole(speech.response_format,
+                              api.ctx.engine.audio_format(speech.voice), pcm)
 
 
 async def batch_items(api: SpeechApi, request: web.Request) -> list[Speech]:

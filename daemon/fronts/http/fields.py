@@ -18,7 +18,7 @@ from tts.text import MarkupError, TextFormat, parse_ssml
 
 from ...errors import HeraldError
 from ...request import (
-    NOTHING_TO_SAY,
+    RequestError,
     json_object,
 )
 
@@ -34,7 +34,16 @@ _FALSE = {"0", "false", "no", "off", ""}
 # Outcome label for refused requests in herald_requests{front="http"}.
 _REASONS = {400: "bad_request", 401: "unauthorized", 404: "not_found",
             405: "method_not_allowed", 413: "too_large", 415: "unsupported_media_type",
-            429: "busy"}
+            429: "busy", 503: "unavailable"}
+# A request error's code (daemon.request.Code) as HTTP answers it: the status, and the
+# outcome label when it is not the status's own.
+STATUS: dict[str, tuple[int, str | None]] = {
+    "bad-request": (400, None), "bad-text": (400, None), "empty-text": (400, None),
+    "bad-markup": (400, None), "bad-voice": (400, None), "nothing-to-say": (400, None),
+    "too-old": (400, None), "text-too-long": (413, None),
+    "unknown-voice": (404, "unknown_voice"), "busy": (429, None),
+    "unavailable": (503, None), "synthesis-failed": (500, "error"),
+}
 
 
 class ApiError(HeraldError):
@@ -49,12 +58,13 @@ class ApiError(HeraldError):
         self.reason = reason or _REASONS.get(status, "error")
         self.headers = dict(headers or {})
 
-
-class NothingToSay(ApiError):
-    """The text passed every check, but espeak-ng found no words in it (``"..."``)."""
-
-    def __init__(self) -> None:
-        super().__init__(400, NOTHING_TO_SAY)
+    @classmethod
+    def of(cls, e: RequestError, retry_after: int) -> ApiError:
+        """A request error, any front's, as HTTP answers it."""
+        status, reason = STATUS.get(e.code, (400, None))
+        headers: dict[str, str] | None = (
+            {hdrs.RETRY_AFTER: str(retry_after)} if status in (429, 503) else None)
+        return cls(status, str(e), reason, headers)
 
 
 @dataclass(frozen=True)

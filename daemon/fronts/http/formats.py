@@ -96,14 +96,15 @@ class AudioBody:
     async def feed(self, pcm: bytes) -> bytes:
         return self._frame(await self._encode(self._encoder.feed, pcm))
 
-    async def finish(self, latency: Callable[[], LatencyRecord]) -> bytes:
+    async def finish(self, latency: Callable[[], LatencyRecord | None]) -> bytes:
         """The last bytes; for events, the done event (``latency`` gives herald's record)."""
         tail = self._frame(await self._encode(self._encoder.finish))
         if self.events is None:
             return tail
         done: dict[str, Any] = {"type": "speech.audio.done", "usage": dict(_NO_USAGE)}
-        if self.events == "herald":
-            done["latency"] = latency().as_dict()
+        record = latency() if self.events == "herald" else None
+        if record is not None:
+            done["latency"] = record.as_dict()
         return tail + _event(done)
 
     def close(self) -> None:

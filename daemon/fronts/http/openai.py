@@ -31,28 +31,27 @@ OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "cedar", "coral", "echo", "
 async def openai_speech(api: SpeechApi, request: web.Request) -> web.StreamResponse:
     """OpenAI's ``POST /v1/audio/speech``: model ignored, its voice names -> our default."""
     t = Timeline()
-    with api.slot():
-        fields = await read_fields(request)
-        text = api.text(fields, "input")
-        name = string_field(fields, "voice")
-        catalog = api.ctx.engine.catalog
-        if name and name.lower() in OPENAI_VOICES and name not in {
-                i.name for i in catalog.infos()}:
-            name = None
-        fmt = response_format_field(fields, "mp3")
-        events = stream_format_field(fields)
-        speed = number_field(fields, "speed", *RATE_RANGE)  # 1/x of a rate: same bounds
-        voice = api.voice(name, None)
-        # speed is relative to the voice's own pace, which its config sets
-        base = api.ctx.synthesis
-        scale = base.length_scale if speed is None else \
-            catalog.resolve(voice).config.length_scale / speed
-        speech = Speech(text, voice, replace(base, length_scale=scale), response_format=fmt)
-        if events:
-            return await api.send_stream(request, speech, t, "openai")
-        if fmt == "wav":
-            return await api.send_whole(request, speech, t)
-        return await api.send_stream(request, speech, t)
+    fields = await read_fields(request)
+    text = api.text(fields, "input")
+    name = string_field(fields, "voice")
+    catalog = api.ctx.engine.catalog
+    if name and name.lower() in OPENAI_VOICES and name not in {
+            i.name for i in catalog.infos()}:
+        name = None
+    fmt = response_format_field(fields, "mp3")
+    events = stream_format_field(fields)
+    speed = number_field(fields, "speed", *RATE_RANGE)  # 1/x of a rate: same bounds
+    voice = api.voice(name, None)
+    # speed is relative to the voice's own pace, which its config sets
+    base = api.ctx.synthesis
+    scale = base.length_scale if speed is None else \
+        catalog.resolve(voice).config.length_scale / speed
+    speech = Speech(text, voice, replace(base, length_scale=scale), response_format=fmt)
+    if events:
+        return await api.send_stream(request, speech, t, "openai")
+    if fmt == "wav":
+        return await api.send_whole(request, speech, t)
+    return await api.send_stream(request, speech, t)
 
 
 def openai_error(e: ApiError) -> dict[str, object]:

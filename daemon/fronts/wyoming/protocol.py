@@ -33,6 +33,11 @@ class Refused(HeraldError):
         self.text = text
 
 
+def refusal(e: RequestError) -> Refused:
+    """A request error, any front's, as a Wyoming ``error``: its code is the error code."""
+    return Refused(e.code, str(e))
+
+
 class ProtocolError(Refused):
     """Refused outside any request (malformed or out-of-place events): counted on its own."""
 

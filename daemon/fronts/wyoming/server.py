@@ -83,7 +83,7 @@ class WyomingFront:
             log.warning("Wyoming is bound to %s but wyoming.allow is empty, so only loopback "
                         "clients are accepted: set wyoming.allow to Home Assistant's network, "
                         "e.g. [\"192.168.1.0/24\"]", host)
-        if self.settings.also_play and self.ctx.scheduler is None:
+        if self.settings.also_play and self.ctx.scheduler.speaker is None:
             log.warning("wyoming.also_play is set but herald has no speaker queue (is the "
                         "speaker enabled?); audio goes to the Wyoming client only")
         if self.settings.zeroconf:

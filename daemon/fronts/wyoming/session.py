@@ -26,9 +26,12 @@ Rules a reader should know before changing anything here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import socket
+from collections import deque
+from collections.abc import Awaitable
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
@@ -53,18 +56,20 @@ from tts import (
     UnknownVoice,
     VoiceError,
 )
-from tts.text import MarkupError, TextFormat, parse_ssml
+from tts.text import TextFormat
 
-from ...request import (
-    EmptyText,
-    Request,
-    RequestError,
-    TextStream,
-    TextTooLong,
-    check_text,
-)
+from ...request import RequestError, check_ssml, check_text
 from .output import AudioOut, StreamedText
-from .protocol import FRONT, PROGRAM, ClientGone, ClientStalled, ProtocolError, Refused, parse_event
+from .protocol import (
+    FRONT,
+    PROGRAM,
+    ClientGone,
+    ClientStalled,
+    ProtocolError,
+    Refused,
+    parse_event,
+    refusal,
+)
 
 if TYPE_CHECKING:
     from .server import WyomingFront
@@ -74,6 +79,8 @@ log = logging.getLogger("herald.wyoming")
 # asyncio's write buffer for one client; together with the kernel send buffer this is all the
 # audio that can pile up behind a client that stops reading.
 _TRANSPORT_HIGH_WATER = 64 * 1024
+# Events read ahead while a request is answered; then reading waits for the answer too.
+_PENDING = 16
 # Events a TTS server never receives: a client sending them is talking to the wrong service.
 _NOT_FOR_TTS = frozenset({
     "audio-start", "audio-chunk", "audio-stop", "transcribe", "transcript", "detect",
@@ -115,15 +122,21 @@ class Connection(AsyncEventHandler):
         self.settings = front.settings
         self.peer = peer_text(writer)
         self.stream: StreamedText | None = None
+        self._job: asyncio.Task[None] | None = None  # answering a request; events wait
         self._closing = False
 
     # transport -------------------------------------------------------------------------------
 
     async def run(self) -> None:
+        """Read events while a request's audio is being sent, so a client that goes away is
+        seen at once (its job stops within a chunk), not when its audio is next written.
+        Events that arrive meanwhile wait their turn (at most ``_PENDING``, then reading
+        waits too): a request is answered whole before the next event is handled."""
         task = asyncio.current_task()
         assert task is not None
         self.front.connections[task] = self
         self._is_running = True
+        read: asyncio.Task[Event | None] | None = None
         try:
             if not self.front.allows(peer_address(self.writer)):
                 log.warning("refused Wyoming connection from %s: not in wyoming.allow (%s)",
@@ -132,34 +145,54 @@ class Connection(AsyncEventHandler):
             self._bound_buffers()
             log.debug("%s connected", self.peer)
             reader = BoundedReader(self.reader, self.settings.max_event_bytes)
+            pending: deque[Event] = deque()
             while self._is_running and not self._closing:
-                try:
-                    event = await async_read_event(cast(asyncio.StreamReader, reader))
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    break  # gone in the middle of an event
-                except Refused as e:
-                    await self.fail(e)
-                    break
-                except Exception as e:  # JSON that is not an event: framing can't be trusted
-                    await self.fail(ProtocolError("malformed-event", f"not a Wyoming event "
-                                                   f"({e!r}): expected one JSON object per line "
-                                                   "with a 'type'"))
-                    break
-                if event is None:
-                    if not reader.at_eof():
-                        await self.fail(ProtocolError(
-                            "malformed-event", "could not parse an event: expected one JSON "
-                            "object per line (with a 'type'), then its data and payload bytes"))
-                    break
-                if self._closing or not await self.handle_event(event):
-                    break
+                if read is None and len(pending) < _PENDING:
+                    read = asyncio.create_task(self._read(reader))
+                await asyncio.wait([t for t in (read, self._job) if t is not None],
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if self._job is not None and self._job.done():
+                    self._job = None  # it answered (or failed) the request itself
+                if read is not None and read.done():
+                    event, read = read.result(), None
+                    if event is None:
+                        break  # gone, or refused (and told so)
+                    pending.append(event)
+                while pending and self._job is None and not self._closing:
+                    if not await self.handle_event(pending.popleft()):
+                        break
         finally:
+            for running in (read, self._job):
+                if running is not None and not running.done():
+                    running.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await running
             if self.stream is not None:
                 await self.stream.cancel()
                 self.stream = None
             self.front.connections.pop(task, None)
             self.writer.close()
             log.debug("%s disconnected", self.peer)
+
+    async def _read(self, reader: BoundedReader) -> Event | None:
+        """The next event; None when the client has gone or sent what can't be read (it has
+        been told why)."""
+        try:
+            event = await async_read_event(cast(asyncio.StreamReader, reader))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None  # gone in the middle of an event
+        except Refused as e:
+            await self.fail(e)
+            return None
+        except Exception as e:  # JSON that is not an event: framing can't be trusted
+            await self.fail(ProtocolError("malformed-event", f"not a Wyoming event ({e!r}): "
+                                          "expected one JSON object per line with a 'type'"))
+            return None
+        if event is None and not reader.at_eof():
+            await self.fail(ProtocolError(
+                "malformed-event", "could not parse an event: expected one JSON object per "
+                "line (with a 'type'), then its data and payload bytes"))
+        return event
 
     def _bound_buffers(self) -> None:
         self.writer.transport.set_write_buffer_limits(high=_TRANSPORT_HIGH_WATER)
@@ -238,11 +271,9 @@ class Connection(AsyncEventHandler):
                 stream.add(parse_event(SynthesizeChunk, event).text)
         elif SynthesizeStop.is_type(kind):
             stream = self._open_stream(kind)
-            with stream.out.accounting():
-                finished = await stream.finish()
             self.stream = None
-            if not finished:
-                self._closing = True
+            self._job = asyncio.create_task(self._answer(stream.out, stream.finish()),
+                                            name=f"wyoming stop {stream.out.id}")
         elif Ping.is_type(kind):
             await self.send(Pong(text=parse_event(Ping, event).text).event())
         elif SelectProgram.is_type(kind):
@@ -273,23 +304,36 @@ class Connection(AsyncEventHandler):
             try:
                 check_text(text, self.settings.max_text, "wyoming.max_text",
                            hint="split it, or stream it with synthesize-start/-chunk/-stop")
-            except TextTooLong as e:
-                raise Refused("text-too-long", str(e)) from None
-            except EmptyText as e:
-                raise Refused("empty-text", str(e)) from None
             except RequestError as e:
-                raise Refused("bad-text", str(e)) from None
+                raise refusal(e) from None
             if out.text_format == "ssml":
                 try:
-                    parse_ssml(text)
-                except MarkupError as e:
-                    raise Refused("bad-markup", str(e)) from None
+                    check_ssml(text)
+                except RequestError as e:
+                    raise refusal(e) from None
             out.set_voice(*self._voice(request.voice))
-            self._play_locally(out, text)
-            await out.speak(self.ctx.engine.stream(text, out.voice, out.options,
-                                                   out.text_format))
-            await out.finish()
+            out.submit(text)
+        self._job = asyncio.create_task(self._answer(out, self._whole(out)),
+                                        name=f"wyoming synthesize {out.id}")
+
+    @staticmethod
+    async def _whole(out: AudioOut) -> bool:
+        await out.send()
+        await out.finish()
         out.close("ok")
+        return True
+
+    async def _answer(self, out: AudioOut, answer: Awaitable[bool]) -> None:
+        """Send a request's answer while the connection reads on; a failure is told to the
+        client (if it is still there) and ends the connection."""
+        try:
+            with out.accounting():
+                if not await answer:
+                    self._closing = True
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            await self.fail(e)
 
     async def _stream_start(self, event: Event) -> None:
         if self.stream is not None:
@@ -300,7 +344,7 @@ class Connection(AsyncEventHandler):
             start = parse_event(SynthesizeStart, event)
             out.text_format = self._text_format(start.text_format)
             out.set_voice(*self._voice(start.voice))
-            self.stream = StreamedText(self, out, self._play_locally(out, "", streamed=True))
+            self.stream = StreamedText(self, out)
 
     def _voice(self, wanted: SynthesizeVoice | None) -> tuple[str, SynthesisOptions]:
         options = self.front.options
@@ -318,26 +362,6 @@ class Connection(AsyncEventHandler):
         except VoiceError as e:
             raise Refused("bad-voice", str(e)) from None
         return voice, options
-
-    def _play_locally(self, out: AudioOut, text: str,
-                      streamed: bool = False) -> TextStream | None:
-        """wyoming.also_play: queue the same text for the local speaker. It is synthesized
-        again by the scheduler, in the speaker's queue, so neither side waits for the other;
-        a refusal there (speaker off, queue full) is logged and the Wyoming client still gets
-        its audio. Returns the speaker's TextStream for a streamed text."""
-        scheduler = self.ctx.scheduler
-        if not self.settings.also_play or scheduler is None:
-            return None
-        local = TextStream() if streamed else None
-        request = Request(text=text, id=out.id, voice=out.voice, speaker=out.options.speaker,
-                          sinks=("speaker",), front=FRONT, stream=local,
-                          text_format=out.text_format)
-        try:
-            scheduler.submit(request)
-        except RequestError as e:
-            log.warning("%s: request %s not played on the speaker: %s", self.peer, out.id, e)
-            return None
-        return local
 
     @staticmethod
     def _text_format(text_format: object) -> TextFormat:
