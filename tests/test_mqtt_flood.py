@@ -135,10 +135,6 @@ def test_a_stream_flood_costs_a_handful_of_error_events_not_one_per_piece(
     assert flood.alive
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not yet: when the flood arrives faster than herald's paho thread reads it, the broker "
-    "queues it, and a command sent meanwhile waits behind that queue (or is dropped by the "
-    "broker's max_queued_messages); it needs the stream topic on a connection of its own"))
 def test_a_say_and_a_stop_during_a_stream_flood_are_handled_within_a_second(
         flood: Flood) -> None:
     assert flood.say_latency is not None and flood.say_latency < 1.0, flood.say_latency
