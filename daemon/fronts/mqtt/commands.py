@@ -122,8 +122,8 @@ class Commands(Extension):
             if self._unresolved.pop(request_id, None) == "stream" or (
                     not self.front.stream_connected):
                 raise
-            log.debug("MQTT stop: %s is not known (yet): its copy on the say/stream "
-                      "connection decides", request_id)
+            log.info("MQTT stop: nothing has id %s yet; a say/stream of it may still be on "
+                     "its way, so the stop's copy on the stream connection decides", request_id)
             self._wait_for_other_copy(request_id, "main")
         else:
             self._unresolved.pop(request_id, None)
