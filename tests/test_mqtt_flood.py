@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import Broker, start_broker
-from herald_process import herald_env, mqtt_only_config, start_herald
+from herald_process import HeraldProcess, herald_env, mqtt_only_config, start_herald
 from mqtt_client import BASE, DEVICE, Client
 
 PIECES = 100_000
@@ -85,22 +85,42 @@ def _handled_after(c: Client, rid: str, kinds: tuple[str, ...], sent: float) -> 
     return None
 
 
+def _herald(directory: Path, port: int, mqtt: str = "") -> tuple[HeraldProcess, Client]:
+    """An MQTT-only herald on the broker at ``port``, and a client that records its events
+    (online once this returns)."""
+    config = directory / "herald.toml"
+    config.write_text(mqtt_only_config(DEVICE, port, mqtt))
+    herald = start_herald(config, directory / "herald.log", herald_env())
+    c = Client(port, topics=(f"{BASE}/event", f"{BASE}/availability"))
+    try:
+        c.wait_online()
+    except BaseException:
+        c.close()
+        herald.kill()
+        raise
+    return herald, c
+
+
+def _flood(port: int, pieces: int, rid: str) -> subprocess.Popen[str]:
+    """Start the flooder on herald's say/stream; returns once it has published half."""
+    flooder = subprocess.Popen([sys.executable, "-c", FLOODER, str(port), f"{BASE}/say/stream",
+                                str(pieces), rid], stdout=subprocess.PIPE, text=True)
+    assert flooder.stdout is not None
+    if flooder.stdout.readline().strip() != "half":
+        flooder.kill()
+        pytest.fail("the flooder failed")
+    return flooder
+
+
 @pytest.fixture(scope="module")
 def flood(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flood]:
     tmp = tmp_path_factory.mktemp("flood")
     broker = start_broker(tmp / "broker")
-    config = tmp / "herald.toml"
-    config.write_text(mqtt_only_config(DEVICE, broker.port, "stream_timeout = 5"))
-    herald = start_herald(config, tmp / "herald.log", herald_env())
-    c = Client(broker.port, topics=(f"{BASE}/event", f"{BASE}/availability"))
+    herald, c = _herald(tmp, broker.port, "stream_timeout = 5")
     flooder = None
     try:
-        c.wait_online()
-        flooder = subprocess.Popen([sys.executable, "-c", FLOODER, str(broker.port),
-                                    f"{BASE}/say/stream", str(PIECES), FLOOD_ID],
-                                   stdout=subprocess.PIPE, text=True)
+        flooder = _flood(broker.port, PIECES, FLOOD_ID)
         assert flooder.stdout is not None
-        assert flooder.stdout.readline().strip() == "half", "the flooder failed"
         # Mid-flood: a say must be queued, and then a stop must cut the stream.
         sent = time.monotonic()
         c.say(id="probe", text="Still here.", sinks=["mqtt"])
@@ -152,19 +172,12 @@ def test_a_stop_stops_a_stream_that_was_queued_behind_a_flood_and_spares_the_nex
     once on the main connection. The stop must still stop it (the copy of the stop on the
     stream connection, in order with the pieces), without an error event, and a stream
     published after the stop must be spoken."""
-    config = tmp_path / "herald.toml"
-    config.write_text(mqtt_only_config(DEVICE, broker.port))
-    herald = start_herald(config, tmp_path / "herald.log", herald_env())
-    c = Client(broker.port, topics=(f"{BASE}/event", f"{BASE}/availability"))
+    herald, c = _herald(tmp_path, broker.port)
     flooder = None
     try:
-        c.wait_online()
         # Below the broker's max_queued_messages (conftest): none of it is dropped there.
-        flooder = subprocess.Popen([sys.executable, "-c", FLOODER, str(broker.port),
-                                    f"{BASE}/say/stream", "9000", "backlog"],
-                                   stdout=subprocess.PIPE, text=True)
+        flooder = _flood(broker.port, 9000, "backlog")
         assert flooder.stdout is not None
-        assert flooder.stdout.readline().strip() == "half", "the flooder failed"
         assert flooder.stdout.readline().startswith("done"), "the flooder did not finish"
         c.publish("say/stream", json.dumps({"id": "queued-behind", "seq": 0, "final": True,
                                             "text": "Never spoken.", "sinks": ["mqtt"]}))
