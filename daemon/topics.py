@@ -118,8 +118,15 @@ class Topics:
         return self._t("set/voice")
 
     def commands(self) -> list[str]:
-        """Topics herald subscribes to for commands (QoS 1, never retained)."""
-        return [self.say, self.say_stream, self.stop, self.set_volume, self.set_voice]
+        """Topics herald's main connection subscribes to for commands (QoS 1, never
+        retained)."""
+        return [self.say, self.stop, self.set_volume, self.set_voice]
+
+    def stream_commands(self) -> list[str]:
+        """Topics herald's say/stream connection subscribes to: the stream pieces, so that a
+        flood of them queues apart from the other commands, and ``stop`` once more, which
+        there arrives in order with the pieces."""
+        return [self.say_stream, self.stop]
 
     # Home Assistant
     @property

@@ -1,16 +1,28 @@
 """herald's own MQTT commands: ``say``, ``say/stream``, ``stop``, ``set/volume`` and
-``set/voice`` under the base topic."""
+``set/voice`` under the base topic.
+
+``say/stream`` comes on a connection of its own, and ``stop`` on both (see ``session``).
+The main connection's copy of a ``stop`` comes at once, even during a flood of pieces, and
+stops what is queued or playing. The stream connection's copy comes in order with the
+pieces: it stops the streams whose first piece was published before the stop but was still
+queued behind others when the first copy came, and spares a stream started after the stop
+(whose pieces come after it). An ``{"id"}`` that neither copy finds gets its error event
+once both have come (or at once, while the stream connection is down): until then it may be
+a stream whose first piece is on its way.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from tts import VoiceError
 
 from ...request import (
+    Request,
     RequestError,
     decode_text,
     json_object,
@@ -29,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _STOP_TEXT_MAX = 256  # bytes: "PRESS", "stop", {"id": ...}
+_UNRESOLVED_MAX = 256  # stops of ids not found, waiting for their other copy
 
 
 class Commands(Extension):
@@ -40,6 +53,10 @@ class Commands(Extension):
         self.streams = Reassembly(front.settings.max_text, front.settings.stream_timeout,
                                   self._call_later, front.seen,
                                   lambda e: front.error(topics.say_stream, str(e), e.id))
+        self._streaming: set[str] = set()  # say/stream requests not yet ended
+        # A stop of an id not found by one copy: which copy ("main", "stream") is waiting
+        # for the other (see the module docstring).
+        self._unresolved: OrderedDict[str, str] = OrderedDict()
         self._routes = {topics.say: Route(self._on_say),
                         topics.say_stream: Route(self._on_stream),
                         topics.stop: Route(self._on_stop),
@@ -55,6 +72,9 @@ class Commands(Extension):
     def subscriptions(self) -> list[str]:
         return self.front.topics.commands()
 
+    def stream_subscriptions(self) -> list[str]:
+        return self.front.topics.stream_commands()
+
     def route(self, topic: str) -> Route | None:
         return self._routes.get(topic)
 
@@ -64,6 +84,7 @@ class Commands(Extension):
     def on_event(self, ev: dict[str, Any]) -> None:
         if ev["event"] in TERMINAL:
             self.streams.end(ev["id"])
+            self._streaming.discard(ev["id"])
 
     def _on_say(self, msg: Message) -> None:
         front = self.front
@@ -79,22 +100,60 @@ class Commands(Extension):
         piece = parse_stream_piece(msg.payload)
         self.streams.take(
             piece, lambda p: stream_request(p, front.limits(), front.name, msg.timeline),
-            lambda req: front.scheduler_for(req.id).submit(req))
+            self._submit_stream)
+
+    def _submit_stream(self, req: Request) -> None:
+        self.front.scheduler_for(req.id).submit(req)
+        self._streaming.add(req.id)
 
     def _on_stop(self, msg: Message) -> None:
-        payload = msg.payload
-        if len(payload) > _STOP_TEXT_MAX:
-            raise RequestError("stop payload too long: send nothing, PRESS, or {\"id\": \"...\"}")
-        text = decode_text(payload).strip()
+        if msg.via_stream:
+            self._on_stop_in_order(msg)
+            return
+        request_id = _stop_target(msg.payload)
         scheduler = self.front.scheduler_for()
-        if not text.startswith("{"):
+        if request_id is None:
             stopped = scheduler.stop()
             log.info("MQTT stop: stopped %s", ", ".join(stopped) or "nothing (idle)")
             return
-        request_id = json_object(text, '{"id": "..."}').get("id")
-        if not isinstance(request_id, str):
-            raise RequestError("stop JSON must be {\"id\": \"...\"}")
-        scheduler.stop(request_id)
+        try:
+            scheduler.stop(request_id)
+        except RequestError:
+            if self._unresolved.pop(request_id, None) == "stream" or (
+                    not self.front.stream_connected):
+                raise
+            log.info("MQTT stop: nothing has id %s yet; a say/stream of it may still be on "
+                     "its way, so the stop's copy on the stream connection decides", request_id)
+            self._wait_for_other_copy(request_id, "main")
+        else:
+            self._unresolved.pop(request_id, None)
+
+    def _on_stop_in_order(self, msg: Message) -> None:
+        """The stream connection's copy of a stop (see the module docstring). A bad payload
+        or a missing scheduler is reported for the main connection's copy."""
+        try:
+            request_id = _stop_target(msg.payload)
+            scheduler = self.front.scheduler_for()
+        except RequestError:
+            return
+        if request_id is not None and self._unresolved.get(request_id) == "main":
+            del self._unresolved[request_id]
+            scheduler.stop(request_id)  # if nothing has that id after all, the error says so
+            return
+        if request_id is not None and request_id not in self._streaming:
+            self._wait_for_other_copy(request_id, "stream")
+            return
+        for rid in [request_id] if request_id is not None else sorted(self._streaming):
+            try:
+                scheduler.stop(rid)
+            except RequestError:  # it ended meanwhile
+                continue
+            log.debug("MQTT stop: stopped stream %s (in order with its pieces)", rid)
+
+    def _wait_for_other_copy(self, request_id: str, copy: str) -> None:
+        self._unresolved[request_id] = copy
+        while len(self._unresolved) > _UNRESOLVED_MAX:
+            self._unresolved.popitem(last=False)
 
     def _on_volume(self, msg: Message) -> None:
         payload = msg.payload
@@ -134,3 +193,16 @@ class Commands(Extension):
             await self.front.ctx.engine.preload(voice)
         except Exception as e:
             log.error("could not load voice %s: %s", voice, e)
+
+
+def _stop_target(payload: bytes) -> str | None:
+    """The id a ``stop`` names; None: stop everything."""
+    if len(payload) > _STOP_TEXT_MAX:
+        raise RequestError("stop payload too long: send nothing, PRESS, or {\"id\": \"...\"}")
+    text = decode_text(payload).strip()
+    if not text.startswith("{"):
+        return None
+    request_id = json_object(text, '{"id": "..."}').get("id")
+    if not isinstance(request_id, str):
+        raise RequestError("stop JSON must be {\"id\": \"...\"}")
+    return request_id

@@ -20,12 +20,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Message:
-    """One message as paho delivered it, stamped with its arrival in paho's thread."""
+    """One message as paho delivered it, stamped with its arrival in paho's thread.
+    ``via_stream``: it came on the say/stream connection (see ``session``)."""
 
     topic: str
     payload: bytes
     retained: bool
     timeline: Timeline
+    via_stream: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,11 @@ class Extension:
 
     def subscriptions(self) -> list[str]:
         """Topics to subscribe to on every (re)connect (QoS 1)."""
+        return []
+
+    def stream_subscriptions(self) -> list[str]:
+        """Topics to subscribe to on the say/stream connection (see ``session``): only
+        what may come in floods, and what has to arrive in order with it."""
         return []
 
     def route(self, topic: str) -> Route | None:
