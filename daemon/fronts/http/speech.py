@@ -125,7 +125,8 @@ class SpeechApi:
         Raises RequestError (``busy`` beyond http.max_concurrent)."""
         o = speech.options
         req = Request(text=speech.text, voice=speech.voice, speaker=o.speaker,
-                      rate=o.length_scale, seed=o.seed, sinks=(), front=self.name,
+                      rate=o.length_scale, noise_scale=o.noise_scale, noise_w=o.noise_w,
+                      seed=o.seed, sinks=(), front=self.name,
                       timeline=t, text_format=speech.text_format,
                       client=ClientSink(self.name))
         self.ctx.scheduler.submit(req)
