@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
-import pytest
+import test_lifecycle
 from audio_checks import assert_speech, pcm16
 from test_lifecycle import LONG, SHORT, Fronts, start_fronts
 from wyoming.audio import AudioChunk
@@ -29,22 +28,15 @@ from daemon.metrics import LatencyRecord
 GUARD = 60.0  # a hang guard, never a performance threshold
 SLACK = 3.0  # seconds a timeout may be late by on a loaded machine
 
+fronts = test_lifecycle.fronts  # the fixture: the fronts a test starts are stopped after it
+
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
-@pytest.fixture
-async def started(engine: Engine) -> AsyncIterator[list[Fronts]]:
-    fronts: list[Fronts] = []
-    yield fronts
-    for f in fronts:
-        await f.wyoming.stop()
-        await f.http.stop()
-
-
-async def start(started: list[Fronts], engine: Engine, http: dict[str, object] | None = None,
+async def start(fronts: list[Fronts], engine: Engine, http: dict[str, object] | None = None,
                 **wyoming: object) -> Fronts:
     f = await start_fronts(engine, http, **wyoming)
-    started.append(f)
+    fronts.append(f)
     return f
 
 
@@ -108,8 +100,8 @@ async def http_exchange(streams: Streams, request: bytes) -> tuple[int, dict[str
 
 
 async def test_http_headers_sent_a_byte_a_second_get_408_within_the_timeout(
-        engine: Engine, started: list[Fronts]) -> None:
-    f = await start(started, engine, {"header_timeout": 2.0})
+        engine: Engine, fronts: list[Fronts]) -> None:
+    f = await start(fronts, engine, {"header_timeout": 2.0})
     answer, took = await answer_while_trickling(
         f, b"G", b"ET /healthz HTTP/1.1\r\nHost: herald\r\nX-Slow: " + b"z" * 100)
     assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
@@ -123,8 +115,8 @@ async def test_http_headers_sent_a_byte_a_second_get_408_within_the_timeout(
 
 
 async def test_http_body_sent_a_byte_a_second_gets_408_within_the_timeout(
-        engine: Engine, started: list[Fronts]) -> None:
-    f = await start(started, engine, {"body_timeout": 2.0})
+        engine: Engine, fronts: list[Fronts]) -> None:
+    f = await start(fronts, engine, {"body_timeout": 2.0})
     body = b'{"text": "' + b"a" * 200 + b'"}'
     head = (b"POST /tts HTTP/1.1\r\nHost: herald\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n" % len(body))
@@ -137,8 +129,8 @@ async def test_http_body_sent_a_byte_a_second_gets_408_within_the_timeout(
 
 
 async def test_http_connection_over_the_cap_gets_503_while_the_first_are_served(
-        engine: Engine, started: list[Fronts]) -> None:
-    f = await start(started, engine, {"max_connections": 3})
+        engine: Engine, fronts: list[Fronts]) -> None:
+    f = await start(fronts, engine, {"max_connections": 3})
     first = [await asyncio.open_connection("127.0.0.1", f.http.port) for _ in range(3)]
     try:
         async with asyncio.timeout(GUARD):
@@ -166,8 +158,8 @@ async def test_http_connection_over_the_cap_gets_503_while_the_first_are_served(
 
 
 async def test_http_idle_connection_is_kept_until_the_idle_timeout(
-        engine: Engine, started: list[Fronts]) -> None:
-    f = await start(started, engine, {"idle_timeout": 2.0})
+        engine: Engine, fronts: list[Fronts]) -> None:
+    f = await start(fronts, engine, {"idle_timeout": 2.0})
     streams = await asyncio.open_connection("127.0.0.1", f.http.port)
     try:
         await asyncio.sleep(1.0)  # idle, under the timeout
@@ -203,6 +195,16 @@ async def error_then_close(reader: asyncio.StreamReader) -> Error:
     return Error.from_event(event)
 
 
+async def timed_out_after(reader: asyncio.StreamReader, timeout: float, setting: str) -> None:
+    """The connection, quiet from now on, gets an ``error`` naming ``setting`` once
+    ``timeout`` has passed (not before), then ends."""
+    quiet = time.monotonic()
+    error = await error_then_close(reader)
+    took = time.monotonic() - quiet
+    assert error.code == "timeout" and setting in error.text, error
+    assert timeout - 0.2 < took < timeout + SLACK, f"closed after {took:.1f} s quiet"
+
+
 async def speak(streams: Streams, text: str, pause: float = 0.0) -> bytes:
     """Synthesize ``text``: its audio, read with ``pause`` seconds per second of audio."""
     reader, writer = streams
@@ -219,8 +221,8 @@ async def speak(streams: Streams, text: str, pause: float = 0.0) -> bytes:
 
 
 async def test_wyoming_event_whose_payload_never_arrives_gets_an_error_within_the_timeout(
-        engine: Engine, started: list[Fronts]) -> None:
-    f = await start(started, engine, read_timeout=1.0)
+        engine: Engine, fronts: list[Fronts]) -> None:
+    f = await start(fronts, engine, read_timeout=1.0)
     reader, writer = await wyoming_connect(f)
     try:
         writer.write(b'{"type": "synthesize", "data_length": 60}\n{"text": "Hel')
@@ -235,8 +237,8 @@ async def test_wyoming_event_whose_payload_never_arrives_gets_an_error_within_th
 
 
 async def test_wyoming_connection_over_the_cap_is_refused_while_the_first_are_served(
-        engine: Engine, started: list[Fronts]) -> None:
-    f = await start(started, engine, max_connections=2)
+        engine: Engine, fronts: list[Fronts]) -> None:
+    f = await start(fronts, engine, max_connections=2)
     first = [await wyoming_connect(f) for _ in range(2)]
     try:
         for reader, writer in first:  # both accepted and answering
@@ -260,8 +262,8 @@ async def test_wyoming_connection_over_the_cap_is_refused_while_the_first_are_se
 
 
 async def test_wyoming_idle_connection_is_kept_until_the_idle_timeout(
-        engine: Engine, started: list[Fronts]) -> None:
-    f = await start(started, engine, idle_timeout=2.0)
+        engine: Engine, fronts: list[Fronts]) -> None:
+    f = await start(fronts, engine, idle_timeout=2.0)
     reader, writer = await wyoming_connect(f)
     try:
         for _ in range(2):
@@ -269,19 +271,15 @@ async def test_wyoming_idle_connection_is_kept_until_the_idle_timeout(
             await async_write_event(Describe().event(), writer)
             info = await next_event(reader)
             assert info is not None and Info.is_type(info.type)
-        quiet = time.monotonic()
-        error = await error_then_close(reader)
-        took = time.monotonic() - quiet
+        await timed_out_after(reader, 2.0, "wyoming.idle_timeout")
     finally:
         writer.close()
-    assert error.code == "timeout" and "wyoming.idle_timeout" in error.text
-    assert 2.0 - 0.2 < took < 2.0 + SLACK, f"closed after {took:.1f} s idle"
     assert closed(f, "wyoming", "idle") == 1
 
 
 async def test_wyoming_long_synthesis_read_slowly_is_not_cut_by_the_idle_timeout(
-        engine: Engine, started: list[Fronts]) -> None:
-    f = await start(started, engine, idle_timeout=1.0, read_timeout=1.0)
+        engine: Engine, fronts: list[Fronts]) -> None:
+    f = await start(fronts, engine, idle_timeout=1.0, read_timeout=1.0)
     records: list[LatencyRecord] = []
     f.ctx.metrics.add_listener(records.append)
     streams = await wyoming_connect(f)
@@ -300,8 +298,8 @@ async def test_wyoming_long_synthesis_read_slowly_is_not_cut_by_the_idle_timeout
 
 
 async def test_wyoming_text_stream_may_wait_for_its_model_longer_than_the_idle_timeout(
-        engine: Engine, started: list[Fronts]) -> None:
-    f = await start(started, engine, idle_timeout=1.0, stream_timeout=4.0)
+        engine: Engine, fronts: list[Fronts]) -> None:
+    f = await start(fronts, engine, idle_timeout=1.0, stream_timeout=4.0)
     reader, writer = await wyoming_connect(f)
     try:
         await async_write_event(SynthesizeStart().event(), writer)
@@ -318,10 +316,6 @@ async def test_wyoming_text_stream_may_wait_for_its_model_longer_than_the_idle_t
         assert kinds[-1] == "synthesize-stopped" and "audio-chunk" in kinds
         # A stream left open waits stream_timeout, not longer.
         await async_write_event(SynthesizeStart().event(), writer)
-        quiet = time.monotonic()
-        error = await error_then_close(reader)
-        took = time.monotonic() - quiet
+        await timed_out_after(reader, 4.0, "wyoming.stream_timeout")
     finally:
         writer.close()
-    assert error.code == "timeout" and "wyoming.stream_timeout" in error.text
-    assert 4.0 - 0.2 < took < 4.0 + SLACK, f"closed after {took:.1f} s"
