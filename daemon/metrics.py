@@ -100,6 +100,12 @@ class Metrics:
         self.streams_waiting = Gauge(
             "herald_streams_waiting", "New streams held back: the playing ones need the "
             "synthesis workers' time to stay real-time", registry=r)
+        self.connections = Gauge("herald_connections", "Client connections open now",
+                                 ["front"], registry=r)
+        self.connections_closed = Counter(
+            "herald_connections_closed", "Connections herald closed or refused: over the "
+            "front's cap (busy), too slow sending a request (header, body, read) or idle",
+            ["front", "reason"], registry=r)
         self._listeners: list[Callable[[LatencyRecord], None]] = []
 
     def add_listener(self, fn: Callable[[LatencyRecord], None]) -> None:

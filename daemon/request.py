@@ -59,6 +59,7 @@ Code = Literal[
     "nothing-to-say",  # espeak-ng found nothing to pronounce ("...")
     "too-old",  # older than its ts allows (mqtt.max_age)
     "busy",  # admission: the front's share of the work is taken; retry later
+    "timeout",  # the client sent its request too slowly, or nothing for too long
     "unavailable",  # a sink is off or failed, or herald is shutting down
     "synthesis-failed",  # the engine failed: herald's fault, the log has details
 ]

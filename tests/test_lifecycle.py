@@ -64,10 +64,11 @@ class Fronts:
         return values["herald_active_syntheses"], values["herald_queue_depth"]
 
 
-async def start_fronts(engine: Engine, **wyoming: object) -> Fronts:
+async def start_fronts(engine: Engine, http_settings: dict[str, object] | None = None,
+                       **wyoming: object) -> Fronts:
     ctx = Context(engine, Metrics(), "test-version")
     port = free_port()
-    http = HttpFront(HttpSettings(port=0), ctx)
+    http = HttpFront(HttpSettings(port=0, **(http_settings or {})), ctx)  # type: ignore[arg-type]
     front = WyomingFront(WyomingSettings(uri=f"tcp://127.0.0.1:{port}", **wyoming), ctx)
     await http.start()
     await front.start()

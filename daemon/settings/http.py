@@ -16,4 +16,15 @@ class HttpSettings(BaseModel):
     max_batch: int = Field(50, ge=1, le=50, description="items per /tts/batch")
     max_concurrent: int = Field(4, ge=1, description="syntheses at once; more get 429")
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="request body size limit")
-    retry_after_seconds: int = Field(2, ge=1, description="Retry-After sent with 429")
+    retry_after_seconds: int = Field(2, ge=1, description="Retry-After sent with 429 and 503")
+    max_connections: int = Field(
+        64, ge=1, description="connections open at once; one more is answered 503")
+    idle_timeout: float = Field(
+        30.0, gt=0, description="seconds a connection may wait for its next request "
+        "(keep-alive) before it is closed")
+    header_timeout: float = Field(
+        10.0, gt=0, description="seconds from a request's first byte to the end of its headers;"
+        " slower gets 408")
+    body_timeout: float = Field(
+        30.0, gt=0, description="seconds from a request's headers to the end of its body; "
+        "slower gets 408")

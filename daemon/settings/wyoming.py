@@ -23,6 +23,16 @@ class WyomingSettings(BaseModel):
     max_text: int = Field(20_000, gt=0)  # characters per request or per text stream
     max_event_bytes: int = Field(1_000_000, gt=0)  # declared data + payload of one event
     also_play: bool = False  # also speak every request on the local speaker (its queue)
+    # Connections open at once; one more gets an `error` (code busy) and is closed.
+    max_connections: int = Field(32, ge=1)
+    # Seconds a connection may send nothing while no request is being answered. Home
+    # Assistant connects for each request and hangs up after it.
+    idle_timeout: float = Field(30.0, gt=0)
+    # Seconds a text stream (synthesize-start ... -stop) may wait for its next piece: the
+    # text comes from a language model, which may pause to call a tool.
+    stream_timeout: float = Field(120.0, gt=0)
+    # Seconds an event's announced data and payload may take to arrive once its header has.
+    read_timeout: float = Field(10.0, gt=0)
 
     @field_validator("uri")
     @classmethod

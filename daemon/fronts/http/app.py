@@ -13,6 +13,10 @@ Every utterance is a job of the scheduler, as every front's is. HTTP's share is
 waiting on a socket, so a burst cannot pile up unbounded work behind the speaker and every
 other front. Any front's refusal (``RequestError``) is answered by its code
 (``fields.STATUS``).
+
+Connections are capped and timed (``connection.Connection``): at most ``max_connections``
+open, idle ones closed after ``idle_timeout``, a request's headers and body each due within
+their timeout (408 otherwise).
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from ...context import Context
 from ...request import RequestError
 from ...settings import HttpSettings
 from .. import is_loopback_host
+from ..limits import Connections
 from .batch import batch
+from .connection import Connection
 from .fields import ApiError
 from .openai import openai_error, openai_speech
 from .speech import SpeechApi
@@ -52,7 +58,10 @@ class HttpFront:
         self.ctx = ctx
         self.port: int | None = None  # the bound port, once started
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
         self.speech = SpeechApi(settings, ctx)
+        self.limits = Connections(self.name, settings.max_connections,
+                                  "http.max_connections", ctx.metrics)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -78,15 +87,25 @@ class HttpFront:
         self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None,
                                      shutdown_timeout=2.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, s.host, s.port)
+        server = self._runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+        # The listening socket is ours rather than a web.TCPSite's, so that each connection
+        # gets herald's handler (its cap and deadlines). keepalive_timeout is aiohttp's idle
+        # timeout; lingering_time bounds how long a refused request's unread body is still
+        # read (so its client sees the answer) before the connection closes.
+        handler_args: dict[str, Any] = {
+            "loop": loop, "access_log": None, "keepalive_timeout": s.idle_timeout,
+            "lingering_time": 2.0}
         try:
-            await site.start()
+            self._listener = await loop.create_server(
+                lambda: Connection(server, s, self.limits, **handler_args), s.host, s.port)
         except OSError as e:
             await self._runner.cleanup()
             self._runner = None
             raise OSError(e.errno, f"cannot listen on {s.host}:{s.port} for HTTP ({e.strerror});"
                           " set http.host / http.port, or http.enabled = false") from e
-        self.port = int(self._runner.addresses[0][1])
+        self.port = int(self._listener.sockets[0].getsockname()[1])
         log.info("HTTP API and web page on http://%s:%d/%s", s.host, self.port,
                  " (bearer token required)" if s.token else "")
         if s.token is None and not is_loopback_host(s.host):
@@ -94,6 +113,9 @@ class HttpFront:
                         "port can make herald speak; set http.token", s.host)
 
     async def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.close()  # no new connections; the runner closes the open ones
+            self._listener = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -104,7 +126,13 @@ class HttpFront:
     async def _guard(self, request: web.Request,
                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                      ) -> web.StreamResponse:
-        """Token check, and one JSON error shape for every refusal, ours or aiohttp's."""
+        """The cap, the token check, and one JSON error shape for every refusal, ours or
+        aiohttp's."""
+        conn = request.protocol
+        if isinstance(conn, Connection):
+            if not conn.admitted:
+                return self._over_cap(request, conn)
+            conn.serving(request)
         try:
             self._check_token(request)
             return await handler(request)
@@ -140,6 +168,19 @@ class HttpFront:
             self.ctx.metrics.request(self.name, "error")
             return web.json_response(self._error_body(request, ApiError(
                 500, "internal error; the herald log has details")), status=500)
+        finally:
+            if isinstance(conn, Connection):
+                conn.served(request)
+
+    def _over_cap(self, request: web.Request, conn: Connection) -> web.Response:
+        """503 for a connection over ``max_connections``, which is then closed."""
+        self.limits.refused(conn.peer)
+        e = ApiError(503, f"too many connections: {self.limits.busy_text}",
+                     headers={hdrs.RETRY_AFTER: str(self.settings.retry_after_seconds)})
+        response = web.json_response(self._error_body(request, e), status=e.status,
+                                     headers=e.headers)
+        response.force_close()
+        return response
 
     def _check_token(self, request: web.Request) -> None:
         token = self.settings.token

@@ -33,14 +33,14 @@ _FALSE = {"0", "false", "no", "off", ""}
 
 # Outcome label for refused requests in herald_requests{front="http"}.
 _REASONS = {400: "bad_request", 401: "unauthorized", 404: "not_found",
-            405: "method_not_allowed", 413: "too_large", 415: "unsupported_media_type",
-            429: "busy", 503: "unavailable"}
+            405: "method_not_allowed", 408: "timeout", 413: "too_large",
+            415: "unsupported_media_type", 429: "busy", 503: "unavailable"}
 # A request error's code (daemon.request.Code) as HTTP answers it: the status, and the
 # outcome label when it is not the status's own.
 STATUS: dict[str, tuple[int, str | None]] = {
     "bad-request": (400, None), "bad-text": (400, None), "empty-text": (400, None),
     "bad-markup": (400, None), "bad-voice": (400, None), "nothing-to-say": (400, None),
-    "too-old": (400, None), "text-too-long": (413, None),
+    "too-old": (400, None), "text-too-long": (413, None), "timeout": (408, None),
     "unknown-voice": (404, "unknown_voice"), "busy": (429, None),
     "unavailable": (503, None), "synthesis-failed": (500, "error"),
 }

@@ -42,6 +42,15 @@ class ProtocolError(Refused):
     """Refused outside any request (malformed or out-of-place events): counted on its own."""
 
 
+class TimedOut(Refused):
+    """The client took too long: to send an event it had begun (``reason`` read), or to send
+    anything at all (idle). It is told so (code ``timeout``) and the connection ends."""
+
+    def __init__(self, reason: str, text: str) -> None:
+        super().__init__("timeout", text)
+        self.reason = reason
+
+
 class ClientGone(Exception):
     """The client closed or reset the connection while we were writing to it."""
 

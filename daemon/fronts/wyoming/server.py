@@ -20,6 +20,7 @@ from tts import (
 from ...context import Context
 from ...settings import WyomingSettings
 from .. import is_loopback_host
+from ..limits import Connections
 from .announce import Announcement
 from .describe import describe, voice_versions
 from .protocol import FRONT, WyomingError
@@ -44,6 +45,8 @@ class WyomingFront:
         # Synthesis defaults: given, else the configured [synthesis] section.
         self.options = options if options is not None else ctx.synthesis
         self.connections: dict[asyncio.Task[Any], Connection] = {}
+        self.limits = Connections(self.name, settings.max_connections,
+                                  "wyoming.max_connections", ctx.metrics)
         self._server: AsyncServer | None = None
         self._networks = [ipaddress.ip_network(a.strip(), strict=False)
                           for a in settings.allow] or list(_LOOPBACK)

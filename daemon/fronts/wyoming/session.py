@@ -10,6 +10,11 @@ Rules a reader should know before changing anything here:
   write has a deadline (``write_timeout``), and the bytes that may wait for a slow client are
   bounded (asyncio's write buffer plus a fixed kernel send buffer), so a client that stops
   reading is dropped and its synthesis cancelled instead of growing memory or pinning a worker.
+* Reading has deadlines too: an event's announced data and payload must arrive within
+  ``read_timeout`` of its header line, and a connection may send nothing for at most
+  ``idle_timeout`` (``stream_timeout`` inside an open text stream, whose text may come from a
+  language model that pauses) while no request is being answered; while audio is being sent
+  it is never idle. At most ``max_connections`` are served at once: one more is told ``busy``.
 * An error ends the connection after the ``error`` event: Home Assistant ignores ``error``
   events and would otherwise wait for an ``audio-stop`` / ``synthesize-stopped`` that never
   comes. A vanished client just ends its connection; the server keeps serving everyone else.
@@ -67,6 +72,7 @@ from .protocol import (
     ClientStalled,
     ProtocolError,
     Refused,
+    TimedOut,
     parse_event,
     refusal,
 )
@@ -91,20 +97,31 @@ _NOT_FOR_TTS = frozenset({
 
 class BoundedReader:
     """The connection's StreamReader, refusing an event that declares more data or payload
-    than ``limit``: the library would wait for and buffer whatever length a client declares."""
+    than ``limit`` or does not send it within ``timeout``: the library would wait for and
+    buffer whatever length a client declares, for as long as it takes."""
 
-    def __init__(self, reader: asyncio.StreamReader, limit: int) -> None:
+    def __init__(self, reader: asyncio.StreamReader, limit: int, timeout: float) -> None:
         self._reader = reader
         self._limit = limit
+        self._timeout = timeout
+        self.mid_event = False  # an event's header line is in, its data or payload not yet
 
     async def readline(self) -> bytes:
-        return await self._reader.readline()
+        line = await self._reader.readline()
+        self.mid_event = bool(line)
+        return line
 
     async def readexactly(self, n: int) -> bytes:
         if n > self._limit:
             raise ProtocolError("event-too-large", f"an event declared {n} bytes; the limit is "
                                  f"{self._limit} (wyoming.max_event_bytes)")
-        return await self._reader.readexactly(n)
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await self._reader.readexactly(n)
+        except TimeoutError:
+            raise TimedOut("read", f"an event announced {n} bytes of data or payload that did "
+                           f"not arrive within {self._timeout:g} s (wyoming.read_timeout); send "
+                           "each event whole") from None
 
     def at_eof(self) -> bool:
         return self._reader.at_eof()
@@ -124,6 +141,7 @@ class Connection(AsyncEventHandler):
         self.stream: StreamedText | None = None
         self._job: asyncio.Task[None] | None = None  # answering a request; events wait
         self._closing = False
+        self._active = asyncio.get_running_loop().time()  # an event last read or written
 
     # transport -------------------------------------------------------------------------------
 
@@ -137,20 +155,34 @@ class Connection(AsyncEventHandler):
         self.front.connections[task] = self
         self._is_running = True
         read: asyncio.Task[Event | None] | None = None
+        admitted: bool | None = None
         try:
             if not self.front.allows(peer_address(self.writer)):
                 log.warning("refused Wyoming connection from %s: not in wyoming.allow (%s)",
                             self.peer, self.front.allow_text)
                 return
+            admitted = self.front.limits.open()
+            if not admitted:
+                await self._refuse_busy()
+                return
             self._bound_buffers()
             log.debug("%s connected", self.peer)
-            reader = BoundedReader(self.reader, self.settings.max_event_bytes)
+            reader = BoundedReader(self.reader, self.settings.max_event_bytes,
+                                   self.settings.read_timeout)
             pending: deque[Event] = deque()
             while self._is_running and not self._closing:
                 if read is None and len(pending) < _PENDING:
                     read = asyncio.create_task(self._read(reader))
-                await asyncio.wait([t for t in (read, self._job) if t is not None],
-                                   return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    [t for t in (read, self._job) if t is not None],
+                    timeout=self._quiet_left(reader), return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    if self._quiet_left(reader) == 0:
+                        if read is not None:
+                            read.cancel()
+                            read = None
+                        await self.fail(self._idle())
+                    continue
                 if self._job is not None and self._job.done():
                     self._job = None  # it answered (or failed) the request itself
                 if read is not None and read.done():
@@ -171,14 +203,51 @@ class Connection(AsyncEventHandler):
                 await self.stream.cancel()
                 self.stream = None
             self.front.connections.pop(task, None)
+            if admitted is not None:
+                self.front.limits.close(admitted)
             self.writer.close()
             log.debug("%s disconnected", self.peer)
+
+    def _quiet_left(self, reader: BoundedReader) -> float | None:
+        """Seconds this connection may still stay quiet; None while that is not in question:
+        a request is being answered (its audio is being sent), or an event is half read
+        (``read_timeout`` is in charge)."""
+        if self._job is not None or reader.mid_event:
+            return None
+        limit = self.settings.stream_timeout if self.stream else self.settings.idle_timeout
+        return max(0.0, self._active + limit - asyncio.get_running_loop().time())
+
+    def _idle(self) -> TimedOut:
+        if self.stream is not None:
+            return TimedOut("idle", f"the text stream got nothing for "
+                            f"{self.settings.stream_timeout:g} s (wyoming.stream_timeout); "
+                            "end it with synthesize-stop")
+        return TimedOut("idle", f"nothing was sent for {self.settings.idle_timeout:g} s "
+                        "(wyoming.idle_timeout); connect again for the next request")
+
+    async def _refuse_busy(self) -> None:
+        """Tell a connection over the cap so, then close it once it has hung up (or after a
+        moment): closing with its request unread would reset the connection, and the
+        ``error`` could be lost with it."""
+        self.front.limits.refused(self.peer)
+        try:
+            await self.send(Error(text=f"too many connections: "
+                                  f"{self.front.limits.busy_text}", code="busy").event())
+            if self.writer.can_write_eof():
+                self.writer.write_eof()
+            async with asyncio.timeout(min(self.settings.read_timeout, 2.0)):
+                while await self.reader.read(65536):
+                    pass
+        except (ClientGone, ClientStalled, TimeoutError, ConnectionError):
+            pass
 
     async def _read(self, reader: BoundedReader) -> Event | None:
         """The next event; None when the client has gone or sent what can't be read (it has
         been told why)."""
         try:
             event = await async_read_event(cast(asyncio.StreamReader, reader))
+            reader.mid_event = False
+            self._active = asyncio.get_running_loop().time()
         except (asyncio.IncompleteReadError, ConnectionError):
             return None  # gone in the middle of an event
         except Refused as e:
@@ -204,6 +273,7 @@ class Connection(AsyncEventHandler):
         """Write one event, or raise ClientGone / ClientStalled: never wait forever."""
         try:
             await asyncio.wait_for(self.write_event(event), self.settings.write_timeout)
+            self._active = asyncio.get_running_loop().time()
         except TimeoutError:
             raise ClientStalled() from None
         except (ConnectionError, OSError) as e:
@@ -225,7 +295,10 @@ class Connection(AsyncEventHandler):
             log.info("%s went away mid-stream (%s)", self.peer, exc)
             self.writer.transport.abort()
             return
-        if isinstance(exc, Refused):
+        if isinstance(exc, TimedOut):
+            self.front.limits.closed_for(exc.reason, self.peer, exc.text)
+            error = Error(text=exc.text, code=exc.code)
+        elif isinstance(exc, Refused):
             log.warning("%s: %s [%s]", self.peer, exc.text, exc.code)
             error = Error(text=exc.text, code=exc.code)
         else:
