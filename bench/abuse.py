@@ -310,7 +310,8 @@ def probe_flood(peer: Peer, herald: Herald, pieces: int) -> Verdict:
     peer.publish("stop", b"PRESS")
     peer.idle(30)
     warnings = herald.text().count(" WARNING ") - warnings0
-    when = f"{queued_after:.2f} s" if queued_after is not None else "not within 60 s"
+    when = (f"after {queued_after:.2f} s" if queued_after is not None
+            else "not within 60 s")
     return Verdict(f"3. say/stream flood ({pieces} pieces of 6 characters in {sent:.1f} s)",
                    "<= 10 error events; a say sent after it queued within 1 s",
                    f"{errors} error events, {warnings} WARNING lines; the say queued after "
