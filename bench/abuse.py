@@ -314,7 +314,7 @@ def probe_flood(peer: Peer, herald: Herald, pieces: int) -> Verdict:
             else "not within 60 s")
     return Verdict(f"3. say/stream flood ({pieces} pieces of 6 characters in {sent:.1f} s)",
                    "<= 10 error events; a say sent after it queued within 1 s",
-                   f"{errors} error events, {warnings} WARNING lines; the say queued after "
+                   f"{errors} error events, {warnings} WARNING lines; the say queued "
                    f"{when}", errors <= 10 and queued_after is not None and queued_after <= 1)
 
 
