@@ -31,6 +31,7 @@ from tts import (
 )
 from tts.compose import Composer, Planner, Step
 from tts.cpu import usable_threads
+from tts.memory import RestingLevel
 from tts.text import TextFormat
 from tts.threads import cores
 from tts.warm import KeepWarm, Warmer
@@ -66,6 +67,7 @@ class Engine:
         self._workers = Workers(self.workers)
         self._active = 0  # renders in progress (changed on the loop, read by the warmer)
         self._renders = 0  # renders started, ever
+        self.resting = RestingLevel()
         self._warmer = Warmer(lambda: [s.model for s in catalog.loaded()],
                               busy=lambda: self._active > 0, interval=settings.warm_interval,
                               generation=lambda: self._renders)
@@ -179,6 +181,19 @@ class Engine:
         finally:
             self._active -= 1
             render.close()
+            if self._active == 0 and self.resting.due():
+                self._hand_back()
+
+    def _hand_back(self) -> None:
+        """Once nothing synthesizes: give back what a long request left freed but resident
+        (``tts.memory.RestingLevel``), on a worker (the loop never waits on the C library);
+        skipped if a synthesis has started by then."""
+        def release() -> None:
+            if self._active == 0:
+                self.resting.idle()
+
+        with contextlib.suppress(RuntimeError):  # workers already closed: exiting anyway
+            self._workers.call(release)
 
     def keep_warm(self) -> threading.Thread | None:
         """Keep the loaded voices' memory warm while nobody speaks, if this host needs it.

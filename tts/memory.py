@@ -1,4 +1,5 @@
-"""How herald uses glibc's allocator: the two settings that keep the process small.
+"""How herald keeps its native memory small: glibc's allocator, oneDNN's kernel cache, and
+library code only start-up needed.
 
 * **The mmap threshold, pinned at 1 MiB.** By default glibc raises it after the first large
   free, up to 32 MiB, and the generator's multi-megabyte temporaries then come from the heap
@@ -15,6 +16,19 @@
   idle ``herald run`` at 334 MB resident instead of 348. Not after every synthesis: the next
   one would fault the pages in again (a short command's first audio 22.8 -> 24.2 ms).
 
+* **Freed memory handed back after a long request, once idle.** A long text leaves the heaps
+  of the threads that rendered it holding what its sentences used, freed but resident:
+  ``RestingLevel`` hands it back when nothing is synthesizing and the process holds more than
+  ``REST_SLACK_MB`` above where it rested after the last hand-back. Short commands never
+  get there, so their pages stay mapped and their first audio as fast as before.
+* **oneDNN's cache of convolution kernels, bounded.** oneDNN compiles a kernel for every
+  convolution shape it meets and keeps up to 1024 of them. Each sentence has its own length,
+  so its encoder and prior convolutions have shapes of their own: a long text fills the
+  cache, and the process keeps the kernels for good. ``ONEDNN_CACHE_CAPACITY`` still holds
+  the shapes every request uses (the generator's windows, the common lengths: about a
+  hundred); a shape evicted and met again is compiled again, a fraction of a millisecond
+  (bench/README.md has both sides). An operator's own ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``
+  wins.
 * **Library code that was only needed to start, unmapped.** Importing torch maps in more
   than a hundred megabytes of its libraries' code (their initialisers touch it) that
   synthesis never runs again, and every mapped page counts in the process's resident size.
@@ -23,7 +37,8 @@
   back from there at first use (a minor fault each, once). bench/README.md has what it
   takes off the peak.
 
-Elsewhere than glibc (musl, macOS) the first two do nothing, elsewhere than Linux the third.
+Elsewhere than glibc (musl, macOS) the hand-backs and the threshold do nothing, elsewhere than
+Linux the unmapping.
 """
 
 from __future__ import annotations
@@ -40,6 +55,8 @@ log = logging.getLogger(__name__)
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 _MADV_DONTNEED = 4
 MMAP_THRESHOLD = 1 << 20  # bytes
+ONEDNN_CACHE_CAPACITY = 256  # kernels; oneDNN's default is 1024
+REST_SLACK_MB = 16.0  # resident growth over the resting level that an idle moment hands back
 
 
 @cache
@@ -64,6 +81,13 @@ def pin_mmap_threshold() -> None:
         libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
+def bound_kernel_cache() -> None:
+    """Cap oneDNN's kernel cache at ONEDNN_CACHE_CAPACITY unless the environment sets it.
+    oneDNN reads the variable when it makes its first kernel: call this before any
+    synthesis (setting it in ``os.environ`` reaches the C library's environment)."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
+
+
 def resident_mb() -> float | None:
     """This process's resident memory in MB (Linux), for the log."""
     try:
@@ -86,6 +110,37 @@ def release_free_memory(why: str) -> bool:
         log.debug("%s: %.0f MB of freed memory handed back (resident now %.0f MB)", why,
                   before - after, after)
     return released
+
+
+class RestingLevel:
+    """Where the process rests between requests, and the hand-back when it holds more.
+
+    ``idle()`` is called when no synthesis runs; it reads the resident size (a read of
+    ``/proc/self/statm``, microseconds) and calls ``malloc_trim`` only if that is more than
+    ``slack_mb`` above the level measured after the last hand-back (the first call always
+    hands back: that is where the level starts)."""
+
+    def __init__(self, slack_mb: float = REST_SLACK_MB) -> None:
+        self.slack_mb = slack_mb
+        self.level: float | None = None  # MB resident after the last hand-back
+        self.releases = 0
+
+    def due(self) -> bool:
+        now = resident_mb()
+        return now is not None and (self.level is None or now > self.level + self.slack_mb)
+
+    def idle(self) -> bool:
+        """Hand freed memory back if it is due; True if it was."""
+        if not self.due():
+            return False
+        before = resident_mb()
+        release_free_memory("idle after a large request")
+        self.level = resident_mb()
+        self.releases += 1
+        if before is not None and self.level is not None:
+            log.debug("resting level now %.0f MB (%.0f MB handed back)", self.level,
+                      before - self.level)
+        return True
 
 
 _released = False

@@ -33,7 +33,7 @@ from typing import TypeVar
 import torch
 
 from .cpu import usable_threads
-from .memory import pin_mmap_threshold, release_startup_code
+from .memory import bound_kernel_cache, pin_mmap_threshold, release_startup_code
 
 T = TypeVar("T")
 
@@ -192,9 +192,9 @@ def set_threads(n: int | None) -> None:
     ``default_threads()``, fewer where this machine cannot run that many (``tts.cpu``);
     ``ThreadGovernor`` keeps their waits right for the load.
 
-    Also pins glibc's mmap threshold and drops the library code only start-up ran
-    (``tts.memory``): every process that synthesizes calls this first, before it loads a
-    voice.
+    Also pins glibc's mmap threshold, bounds oneDNN's kernel cache and drops the library
+    code only start-up ran (``tts.memory``): every process that synthesizes calls this
+    first, before it loads a voice.
     """
     global _governor
     n = usable_threads(n or default_threads())
@@ -206,6 +206,7 @@ def set_threads(n: int | None) -> None:
         if torch.get_num_threads() != n:
             torch.set_num_threads(n)
         pin_mmap_threshold()
+        bound_kernel_cache()
         release_startup_code()
 
 

@@ -1,0 +1,44 @@
+"""What a long request may keep after it ends, measured on a real ``herald run`` through
+``/proc``: its resident memory once idle again must come back to within a bound of where it
+rested before (``tts.memory``: the kernel cache is bounded, the freed heap handed back)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from conftest import free_port, wait_port
+from herald_process import start_herald
+
+from bench.resting import SENTENCES, long_text, resting, synthesize
+
+LONG_CHARS = 3000  # about 160 s of speech; before the fix it kept well over KEEP_MB
+KEEP_MB = 24.0  # what the long request may leave resident, once idle
+
+
+@pytest.mark.slow
+def test_a_long_request_does_not_raise_the_resting_level(tmp_path: Path) -> None:
+    port = free_port()
+    config = tmp_path / "herald.toml"
+    config.write_text(f'[mqtt]\nenabled = false\n[speaker]\nenabled = false\n'
+                      f'[http]\nenabled = false\n[wyoming]\nuri = "tcp://127.0.0.1:{port}"\n')
+    herald = start_herald(config, tmp_path / "herald.log")
+    try:
+        wait_port(port, 120)
+        pid = herald.proc.pid
+        for text in SENTENCES[:4]:  # what a running herald has served before: warm
+            assert asyncio.run(synthesize(port, text)) > 1.0
+        before = resting(pid)
+        text = long_text(LONG_CHARS)
+        seconds = asyncio.run(synthesize(port, text))
+        assert seconds > 120, f"{len(text)} characters gave only {seconds:.0f} s of audio"
+        after = resting(pid)
+        assert after - before <= KEEP_MB, (
+            f"a {len(text)}-character request ({seconds:.0f} s of audio) left herald at "
+            f"{after:.0f} MB resident, {after - before:.0f} MB above its resting level "
+            f"{before:.0f} MB (allowed: {KEEP_MB:.0f})")
+        assert asyncio.run(synthesize(port, SENTENCES[0])) > 2.0  # and it serves on
+        assert herald.terminate() == 0, herald.tail()
+    finally:
+        herald.kill()
