@@ -30,6 +30,8 @@ from contextlib import suppress
 from functools import cache
 from typing import Any
 
+from .errors import HeraldError
+
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
@@ -37,7 +39,7 @@ AMQTT_LOGGERS = ("amqtt", "transitions")
 REPORT_EVERY = 60.0  # seconds: a failure that repeats is logged with its count this often
 
 
-class BrokerError(Exception):
+class BrokerError(HeraldError):
     """The embedded broker could not start; the message says what to do."""
 
 
@@ -137,7 +139,8 @@ def patched_broker_class() -> type:
     class _PatchedBroker(Broker):  # type: ignore[misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._subscriptions = _SnapshotDict(self._subscriptions)
+            # amqtt's attribute, untyped there
+            self._subscriptions = _SnapshotDict(self._subscriptions)  # type: ignore[has-type]
             self._report = _FailureReport()
 
         async def _client_connected(self, listener_name: str, reader: Any, writer: Any

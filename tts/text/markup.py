@@ -28,6 +28,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from ..errors import TtsError
 from .say_as import say_as
 
 TextFormat = Literal["text", "ssml"]
@@ -57,7 +58,7 @@ EMPHASIS = {
 }
 
 
-class MarkupError(ValueError):
+class MarkupError(TtsError, ValueError):
     """The SSML is not well-formed XML (or not acceptable as SSML)."""
 
 
