@@ -317,7 +317,8 @@ def test_voice_and_volume_survive_a_restart(tmp_path: Path, voices: tuple[Path, 
 
 
 # The same bad fields, sent through each front: (what, fields, words of the one verdict,
-# HTTP status, Wyoming error code). Each front answers in its own form; the verdict is one.
+# HTTP status, error code). Each front answers in its own form; the verdict and its code are
+# one (MQTT's event and Wyoming's error carry the code, HTTP maps it to the status).
 BAD_FIELDS = [
     ("control character", {"text": "Lights\x07 off."}, "control character", 400, "bad-text"),
     ("blank text", {"text": " \n "}, "empty", 400, "empty-text"),
@@ -337,6 +338,7 @@ def test_the_same_bad_field_gets_the_same_verdict_on_every_front(
     rid = client.say(id="bad-" + what.replace(" ", "-"), **fields)
     event = client.wait_event(rid, ("error", "queued"))
     assert event["event"] == "error" and verdict in event["error"], event
+    assert event["code"] == code, event
 
     got, _, body = herald.http("/tts", fields)
     assert got == status and verdict in json.loads(body)["error"], body

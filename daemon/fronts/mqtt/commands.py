@@ -52,7 +52,7 @@ class Commands(Extension):
         topics = front.topics
         self.streams = Reassembly(front.settings.max_text, front.settings.stream_timeout,
                                   self._call_later, front.seen,
-                                  lambda e: front.error(topics.say_stream, str(e), e.id))
+                                  lambda e: front.error(topics.say_stream, str(e), e.id, e.code))
         self._streaming: set[str] = set()  # say/stream requests not yet ended
         # A stop of an id not found by one copy: which copy ("main", "stream") is waiting
         # for the other (see the module docstring).

@@ -226,12 +226,12 @@ class Hermes(Extension):
                                    "played twice", req.id)
             front.scheduler_for(req.id).submit(req)
         except RequestError as e:
-            front.error(topic, str(e), e.id)
+            front.error(topic, str(e), e.id, e.code)
             front.publish(*reply, 1, False)
             return
         except Exception as e:
             log.exception("MQTT: handling a message on %s failed", topic)
-            front.error(topic, f"internal error: {e}")
+            front.error(topic, f"internal error: {e}", code="synthesis-failed")
             front.publish(*reply, 1, False)
             return
         front.seen.add(req.id)

@@ -30,7 +30,7 @@ import paho.mqtt.client as mqtt
 from ...context import Context
 from ...logcontext import request_context
 from ...metrics import LatencyRecord, Timeline
-from ...request import Limits, RequestError
+from ...request import Code, Limits, RequestError
 from ...scheduler import Scheduler
 from ...settings import MqttSettings
 from ...topics import AVAILABILITY_OFFLINE, AVAILABILITY_ONLINE, Topics, check_publish_topic
@@ -167,8 +167,10 @@ class MqttFront:
     def _event(self, payload: dict[str, Any]) -> None:
         self.publish(self.topics.event, json.dumps(payload), 1, False)
 
-    def error(self, topic: str, message: str, request_id: str | None = None) -> None:
-        """Log a refused message and answer it with an ``error`` event."""
+    def error(self, topic: str, message: str, request_id: str | None = None,
+              code: Code = "bad-request") -> None:
+        """Log a refused message and answer it with an ``error`` event carrying the same code
+        every front uses (``daemon.request.Code``)."""
         with request_context(request_id):
             log.warning("MQTT %s: %s", topic, message)
         self.ctx.metrics.request(self.name, "rejected")
@@ -176,6 +178,7 @@ class MqttFront:
         if request_id is not None:
             ev["id"] = request_id
         ev["error"] = message
+        ev["code"] = code
         ev["topic"] = topic
         self._event(ev)
 
@@ -228,10 +231,10 @@ class MqttFront:
         try:
             route.handle(msg)
         except RequestError as e:
-            self.error(msg.topic, str(e), e.id)
+            self.error(msg.topic, str(e), e.id, e.code)
         except Exception as e:
             log.exception("MQTT: handling a message on %s failed", msg.topic)
-            self.error(msg.topic, f"internal error: {e}")
+            self.error(msg.topic, f"internal error: {e}", code="synthesis-failed")
 
     # --- what the extensions share
 
