@@ -55,6 +55,7 @@ from bench.soak import footprint
 DEVICE = "abuse"
 BASE = f"herald/{DEVICE}"
 HOLD = 35.0  # seconds a held connection is watched (the fix's timeouts: 10-30 s)
+SLACK = 2.0  # seconds past the longest timeout (30 s) that still count as "closed by it"
 LONG = ("This is a long announcement that keeps going for quite a while, so that other "
         "requests arrive while it is still being spoken. It talks about the weather, the "
         "garden, the trains that run late on Sundays, and the many small things a house "
@@ -194,6 +195,22 @@ def closed_after(sock: socket.socket, feed: bytes = b"", limit: float = HOLD) ->
     return None
 
 
+def drain(sock: socket.socket) -> tuple[bytes, bool]:
+    """What the server has sent on ``sock`` so far, and whether it has closed it."""
+    sock.setblocking(False)
+    got = b""
+    while True:
+        try:
+            data = sock.recv(65536)
+        except BlockingIOError:
+            return got, False
+        except OSError:
+            return got, True
+        if not data:
+            return got, True
+        got += data
+
+
 def probe_held(wyoming: int, http: int, herald: Herald) -> list[Verdict]:
     def connect(port: int, first: bytes = b"") -> socket.socket:
         s = socket.create_connection(("127.0.0.1", port), timeout=5)
@@ -230,25 +247,22 @@ def probe_held(wyoming: int, http: int, herald: Herald) -> list[Verdict]:
     for t in threads:
         t.join(HOLD + 10)
     still = 0
-    for s in many:
-        s.setblocking(False)
-        try:
-            still += s.recv(1, socket.MSG_PEEK) != b""
-        except BlockingIOError:
-            still += 1
-        except OSError:
-            pass
+    for s in many:  # herald refuses over its cap with a Wyoming "busy" error, then closes
+        got, closed = drain(s)
+        refused += b'"busy"' in got
+        still += not closed
         s.close()
     out = []
     for k, secs in results.items():
-        out.append(Verdict(f"1. {k}", "closed by herald within 30 s",
+        out.append(Verdict(f"1. {k}", f"closed by herald within 30 s (+{SLACK:g})",
                            f"closed after {secs:.1f} s" if secs is not None
-                           else f"still open after {HOLD:.0f} s", secs is not None and secs <= 30))
+                           else f"still open after {HOLD:.0f} s",
+                           secs is not None and secs <= 30 + SLACK))
     out.append(Verdict("1. 200 idle Wyoming connections at once",
                        "those over a cap of a few dozen refused, idle ones closed by the timeout",
                        f"{200 - refused} accepted, {refused} refused, {still} still open after "
                        f"{HOLD:.0f} s; herald had {peak_fds} fds with them open",
-                       still <= 50))
+                       refused >= 100 and still == 0))
     return out
 
 
