@@ -81,6 +81,8 @@ async def fetch(srv: Server, route: str, name: str) -> tuple[bytes, bool]:
     async with srv.session.post(f"{srv.url}{route}", json=body) as r:
         assert r.status == 200, await r.text()
         assert r.headers["Content-Type"] == CONTENT_TYPES[name]
+        # the rate a decoder of the format gets back: Opus always decodes at 48 kHz
+        assert r.headers["X-Sample-Rate"] == str(48000 if name == "opus" else RATE), name
         streamed = "Content-Length" not in r.headers
         return await r.read(), streamed
 

@@ -116,6 +116,13 @@ class Encoder:
         too. Idempotent."""
 
 
+def output_format(name: CodecName, source: AudioFormat) -> AudioFormat:
+    """What a decoder of ``name`` gets back from audio in ``source``: Opus always decodes at
+    48 kHz; the others keep the source's rate."""
+    rate = OPUS_RATE if name == "opus" else source.rate
+    return AudioFormat(rate, source.width, source.channels)
+
+
 def encoder(name: str, source: AudioFormat) -> Encoder:
     """A streaming encoder for format ``name`` (see FORMATS); raises UnsupportedFormat."""
     codec = check_format(name)
@@ -205,8 +212,8 @@ class _Libsndfile(Encoder):
     def __init__(self, codec: CodecName, source: AudioFormat, stream: bool) -> None:
         spec = _CODECS[codec]
         self.format, self.content_type, self.source = codec, CONTENT_TYPES[codec], source
-        rate = OPUS_RATE if codec == "opus" else source.rate
-        self.audio_format = AudioFormat(rate, source.width, source.channels)
+        self.audio_format = output_format(codec, source)
+        rate = self.audio_format.rate
         self._resampler = Resampler(source.rate, rate) if rate != source.rate else None
         self._pipe = _Pipe() if stream else None
         self._whole = io.BytesIO()

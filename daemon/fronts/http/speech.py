@@ -14,7 +14,7 @@ from aiohttp import hdrs, web
 
 from tts import UnknownVoice, VoiceError
 from tts.audio import AudioFormat
-from tts.codec import CONTENT_TYPES
+from tts.codec import CONTENT_TYPES, output_format
 
 from ...context import Context
 from ...metrics import Timeline
@@ -157,7 +157,8 @@ class SpeechApi:
         fmt = self.ctx.engine.audio_format(speech.voice)
         body = await encode_whole(speech.response_format, fmt, await self.synthesize_all(req))
         return web.Response(body=body, headers=self.audio_headers(
-            req, fmt, CONTENT_TYPES[speech.response_format]))
+            req, output_format(speech.response_format, fmt),
+            CONTENT_TYPES[speech.response_format]))
 
     async def send_stream(self, request: web.Request, speech: Speech, t: Timeline,
                           events: Events | None = None) -> web.StreamResponse:
@@ -170,7 +171,8 @@ class SpeechApi:
         assert client is not None
         fmt = self.ctx.engine.audio_format(speech.voice)
         body = AudioBody(speech.response_format, fmt, events)
-        resp = web.StreamResponse(headers=self.audio_headers(req, fmt, body.content_type))
+        resp = web.StreamResponse(headers=self.audio_headers(
+            req, output_format(speech.response_format, fmt), body.content_type))
         try:
             with contextlib.closing(body):
                 async with contextlib.aclosing(self.pcm(req)) as pieces:
@@ -192,6 +194,7 @@ class SpeechApi:
 
     def audio_headers(self, req: Request, fmt: AudioFormat,
                       content_type: str) -> dict[str, str]:
+        """``fmt``: what the client decodes (Opus at 48 kHz, the rest at the voice's rate)."""
         return {hdrs.CONTENT_TYPE: content_type, hdrs.CACHE_CONTROL: "no-store",
                 "X-Herald-Id": req.id, "X-Herald-Voice": req.voice or "",
                 "X-Sample-Rate": str(fmt.rate), "X-Sample-Width": str(fmt.width),
