@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:  # tts imports torch: the piper-tts RSS process must not (see _peak_rss)
-    from tts.warm import KeepWarm
+    from tts.memory import KeepWarm
 
 COOL_DOWN = 0.3  # seconds between runs
 RSS_RUNS = 3  # fresh processes per engine for the memory figures, alternating
@@ -207,7 +207,7 @@ def _spawn(*args: str) -> dict[str, Any]:
 
 def main(repeats: int = 5, threads: list[int] | None = None, as_json: bool = False,
          keep_warm: KeepWarm = "auto") -> int:
-    from tts.warm import KEEP_WARM_MODES
+    from tts.memory import KEEP_WARM_MODES
 
     if keep_warm not in KEEP_WARM_MODES:
         raise ValueError(f"keep_warm must be one of {', '.join(KEEP_WARM_MODES)}")

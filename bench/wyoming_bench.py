@@ -48,7 +48,7 @@ from wyoming.tts import (
 from bench.engine import COOL_DOWN
 from bench.net import free_port
 from tts import default_threads
-from tts.warm import KEEP_WARM_MODES
+from tts.memory import KEEP_WARM_MODES
 
 VOICE = "en_US-joe-medium"
 CASES = {

@@ -1,21 +1,19 @@
-"""The audio synthesized ahead of playback for one utterance: the producer (synthesis) puts
-chunks, the player takes them, and the bound in samples makes synthesis wait instead of
-running unboundedly ahead of the device."""
+"""The audio synthesized ahead of playback for one utterance: the producer (synthesis, or a
+source of audio made elsewhere) puts s16le mono PCM, the player takes it, and the bound in
+samples makes the producer wait instead of running unboundedly ahead of the device."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
 
-from tts import AudioChunk
-
 
 class AudioBuffer:
-    """Chunks synthesized ahead of playback, bounded by their total length in samples."""
+    """PCM pieces made ahead of playback, bounded by their total length in samples."""
 
     def __init__(self, max_samples: int) -> None:
         self.max_samples = max(1, max_samples)
-        self._chunks: deque[AudioChunk] = deque()
+        self._chunks: deque[bytes] = deque()
         self._samples = 0
         self._ended = False
         self._aborted = False
@@ -23,17 +21,17 @@ class AudioBuffer:
         self._readable = asyncio.Event()
         self._writable = asyncio.Event()
 
-    async def put(self, chunk: AudioChunk) -> None:
+    async def put(self, chunk: bytes) -> None:
         while self._samples >= self.max_samples and not self._ended:
             self._writable.clear()
             await self._writable.wait()
         if self._ended:
             return
         self._chunks.append(chunk)
-        self._samples += len(chunk.samples)
+        self._samples += len(chunk) // 2
         self._readable.set()
 
-    async def get(self) -> AudioChunk | None:
+    async def get(self) -> bytes | None:
         """The next chunk; None at the end; the producer's error after the chunks before it."""
         while not self._chunks:
             if self._ended:
@@ -44,7 +42,7 @@ class AudioBuffer:
             self._readable.clear()
             await self._readable.wait()
         chunk = self._chunks.popleft()
-        self._samples -= len(chunk.samples)
+        self._samples -= len(chunk) // 2
         self._writable.set()
         return chunk
 
@@ -60,7 +58,7 @@ class AudioBuffer:
         """Everything the producer will put is here, and none of it has been taken."""
         return self._ended and self._error is None and not self._aborted
 
-    def peek(self) -> list[AudioChunk]:
+    def peek(self) -> list[bytes]:
         """The chunks waiting, left in place."""
         return list(self._chunks)
 

@@ -10,26 +10,24 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from tts import (
-    SynthesisOptions,
-    VoiceCatalog,
-    VoiceError,
-    set_threads,
-    to_pcm16,
-    wav_bytes,
-)
-from tts.audio import AudioFormat
-from tts.compose import ComposedChunk, Composer
+# Torch-free parts only: `herald run` on a satellite never loads the model's code.
+from tts.audio import AudioFormat, to_pcm16, wav_bytes
+from tts.errors import VoiceError
+from tts.memory import KEEP_WARM_MODES
+from tts.options import SynthesisOptions
 from tts.text import MarkupError
-from tts.warm import KEEP_WARM_MODES
 
 from . import __version__
 from .request import NOTHING_TO_SAY
 from .settings import ConfigError, SynthesisSettings, VoicesSettings
+
+if TYPE_CHECKING:
+    from tts import VoiceCatalog
+    from tts.compose import ComposedChunk
 
 log = logging.getLogger("herald")
 
@@ -199,6 +197,8 @@ def _parser() -> argparse.ArgumentParser:
 def _catalog(args: argparse.Namespace) -> VoiceCatalog:
     """The voices the daemon would see with the same config, plus ``--voice-dir``: a voice
     added in ``voices.directories`` is listed and spoken here too. Raises ``ConfigError``."""
+    from tts import VoiceCatalog
+
     from .settings import load_settings
 
     voices = load_settings(args.config).voices
@@ -278,6 +278,9 @@ def _cmd_say(args: argparse.Namespace) -> int:
             return 2
         return publish_say(args.mqtt, settings, args.device_id, text, args.voice,
                            text_format="ssml" if args.ssml else "text", fields=fields)
+    from tts import set_threads
+    from tts.compose import Composer
+
     set_threads(args.threads)
     # The composer, as the daemon speaks: sentences, bracket tags or SSML, other languages
     # by their own voice or espeak-ng. It checks the voice and the SSML before any synthesis.

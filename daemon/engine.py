@@ -31,10 +31,10 @@ from tts import (
 )
 from tts.compose import Composer, Planner, Step
 from tts.cpu import usable_threads
-from tts.memory import RestingLevel
+from tts.memory import KeepWarm, RestingLevel
 from tts.text import TextFormat
 from tts.threads import cores
-from tts.warm import KeepWarm, Warmer
+from tts.warm import Warmer
 
 from .workers import Render, Workers
 
@@ -91,6 +91,13 @@ class Engine:
     def warm_sweeps(self) -> int:
         """Reads of the idle voices' memory so far."""
         return self._warmer.sweeps
+
+    @property
+    def default_voice(self) -> str:
+        return self.catalog.default
+
+    def voice_names(self) -> list[str]:
+        return [i.name for i in self.catalog.infos()]
 
     def resolve_voice(self, name: str | None = None, language: str | None = None,
                       default: str | None = None) -> str:

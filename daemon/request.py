@@ -16,12 +16,11 @@ import secrets
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from tts import SynthesisOptions, UnknownVoice, VoiceError
-from tts.compose import Planner, Step
+from tts.errors import UnknownVoice, VoiceError
 from tts.text import MarkupError, TextFormat, parse_ssml
 from tts.text.markup import MAX_RATE, MIN_RATE
 
@@ -30,6 +29,10 @@ from .metrics import Timeline
 from .topics import TopicError, check_request_id
 
 if TYPE_CHECKING:
+    from tts.audio import AudioFormat
+    from tts.compose import Planner, Step
+    from tts.options import SynthesisOptions
+
     from .sinks.client import ClientSink
 
 Mode = Literal["queue", "interrupt"]
@@ -183,6 +186,27 @@ def _by_sentence(steps: list[Step]) -> list[list[Step]]:
     return batches
 
 
+# --------------------------------------------------------------------------- audio made elsewhere
+
+
+class AudioSource(Protocol):
+    """A request's audio made somewhere else (a fleet worker, issue 19), played in place of a
+    synthesis: the scheduler treats it as its synthesis (queue, lanes, events, stop, latency
+    record) without knowing where it comes from.
+
+    ``pcm()`` is called once, when the scheduler would start synthesizing (the request's
+    turn, or the one before it: prefetch); it yields s16le mono PCM in ``format`` and ends
+    at the audio's end, or raises ``RequestError`` saying why it cannot go on. Closing it
+    (``aclose``: the request was stopped or its sinks left) gives the work up wherever it
+    is done.
+    """
+
+    @property
+    def format(self) -> AudioFormat: ...
+
+    def pcm(self) -> AsyncGenerator[bytes, None]: ...
+
+
 # --------------------------------------------------------------------------- the request
 
 
@@ -214,6 +238,11 @@ class Request:
     # The client connection that waits for the audio (an HTTP response, a Wyoming client):
     # a sink of this job alone, next to the named ``sinks``.
     client: ClientSink | None = None
+    # Audio made elsewhere to play instead of synthesizing ``text`` here (``AudioSource``).
+    source: AudioSource | None = None
+    # Wall clock (Unix seconds) the audio's first sample is due on the speaker: several
+    # speakers playing one announcement start together. None: as soon as it can.
+    play_at: float | None = None
 
     def options(self, base: SynthesisOptions) -> SynthesisOptions:
         """This request's synthesis options on top of the configured defaults (only the

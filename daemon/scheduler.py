@@ -12,6 +12,10 @@ Jobs a client connection waits for (HTTP, Wyoming: a ``ClientSink``) run in the 
 at once, within their front's share (``limit``); the client's pace holds their synthesis,
 and a client that leaves stops its job.
 
+A request may carry its audio's source instead (``Request.source``: audio a fleet worker
+makes, issue 19): it runs through the same lanes, events, stop and latency record, its
+source taking the place of the synthesis; stopping the request closes the source.
+
 Everything here runs on the event loop; the engine does the CPU work in its threads.
 Timeline stamps: ``started`` is when synthesis began (for a prefetched utterance, before it
 left the queue), ``first_audio`` when its first audio reached the sink.
@@ -27,18 +31,18 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tts import AudioFormat, SynthesisOptions, to_pcm16
-from tts.compose import Step
+from tts.audio import AudioFormat, to_pcm16
+from tts.options import SynthesisOptions
 
 from .buffer import AudioBuffer
-from .engine import Engine
 from .logcontext import context_for, request_context
 from .metrics import LatencyRecord, Metrics, Timeline
 from .request import NOTHING_TO_SAY, Request, RequestError, failure
 from .settings import SchedulerSettings
 from .sinks.protocol import NetworkSink, Speaker, SpeakerUnavailable
+from .synthesis import Synthesis
 from .utterance import (
     Lane,
     SynthesisFailed,
@@ -51,6 +55,9 @@ from .utterance import (
     whole,
 )
 
+if TYPE_CHECKING:
+    from tts.compose import Step
+
 log = logging.getLogger(__name__)
 
 EventListener = Callable[[dict[str, Any]], None]
@@ -61,12 +68,12 @@ AUDIO_SLICE_SECONDS = 0.1  # audio played as it came goes to the speaker in piec
 # own pace sets the synthesis' beyond this (back-pressure), so a client that reads slowly or
 # not at all holds little memory and no worker.
 CLIENT_AHEAD_SECONDS = 1.0
-
-
+NO_MODEL = ("this herald has no model (node.role = \"satellite\"): its requests are "
+            "synthesized by the fleet's workers")
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, metrics: Metrics, settings: SchedulerSettings,
+    def __init__(self, engine: Synthesis | None, metrics: Metrics, settings: SchedulerSettings,
                  synthesis: SynthesisOptions = SynthesisOptions(),
                  speaker: Speaker | None = None) -> None:
         self.engine = engine
@@ -127,6 +134,8 @@ class Scheduler:
             raise RequestError(why, req.id, "unavailable")
         if not req.sinks and req.client is None:
             raise RequestError("the request has nowhere to go: name a sink", req.id)
+        if self.engine is None and req.audio is None and req.source is None:
+            raise RequestError(NO_MODEL, req.id, "unavailable")
         if req.audio is not None and req.sinks != ("speaker",):
             raise RequestError("audio to play goes only to the speaker, not to "
                                f"{'+'.join(req.sinks)}", req.id)
@@ -161,7 +170,8 @@ class Scheduler:
         lane.waiting.append(utt)
         lane.waiting.sort(key=Utterance.sort_key)
         what = (f"{len(req.audio) / 2 / req.audio_rate:.1f} s of audio" if req.audio is not None
-                else f"{len(req.text)} chars, voice {req.voice}")
+                else f"{len(req.text)} chars, voice {req.voice}"
+                + (" (made elsewhere)" if req.source is not None else ""))
         with request_context(req.id):
             log.info("%s queued from %s for %s (%s, priority %d, %s)", req.id, req.front,
                      sink_names(req), what, req.priority, req.mode)
@@ -319,7 +329,8 @@ class Scheduler:
     def _start_producer(self, utt: Utterance) -> None:
         if utt.req.audio is not None or utt.feeder is not None or utt.buffer is not None:
             return  # played as it came, fed by another's synthesis, or already started
-        utt.fmt = self.engine.audio_format(utt.req.voice)
+        utt.fmt = (utt.req.source.format if utt.req.source is not None else
+                   self._engine().audio_format(utt.req.voice))
         ahead = (CLIENT_AHEAD_SECONDS if utt.lane is self.client_lane else
                  self.settings.buffer_seconds)
         utt.buffer = AudioBuffer(int(ahead * utt.fmt.rate))
@@ -331,23 +342,22 @@ class Scheduler:
         utt.producer = asyncio.create_task(self._produce(utt), name=f"herald-synth-{utt.req.id}",
                                            context=context_for(utt.req.id))
 
+    def _engine(self) -> Synthesis:
+        if self.engine is None:  # submit() refuses such a request: a bug if it gets here
+            raise RuntimeError(NO_MODEL)
+        return self.engine
+
     async def _produce(self, utt: Utterance) -> None:
         req = utt.req
         buffers = [u.buffer for u in (utt, *utt.tee) if u.buffer is not None]
-        opts = req.options(self.synthesis)
         error: BaseException | None = None
         try:
-            if req.stream is None:
-                chunks = self.engine.stream(req.text, req.voice, opts, req.text_format)
-            else:
-                planner = self.engine.planner(req.voice, opts, req.text_format)
-                chunks = self.engine.stream_steps(self._arriving(utt, req.stream.steps(planner)),
-                                                  req.voice, opts)
-            async with contextlib.aclosing(chunks):
-                async for chunk in chunks:
+            pieces = req.source.pcm() if req.source is not None else self._synthesize(utt)
+            async with contextlib.aclosing(pieces):
+                async for piece in pieces:
                     self._progress()
                     for buffer in buffers:  # one whose reader left takes it at once
-                        await buffer.put(chunk)
+                        await buffer.put(piece)
         except asyncio.CancelledError:
             for buffer in buffers:
                 buffer.abort()
@@ -360,6 +370,20 @@ class Scheduler:
         for buffer in buffers:
             buffer.finish(error)
         self._recue()  # whole now: it can be the speaker's cue
+
+    async def _synthesize(self, utt: Utterance) -> AsyncGenerator[bytes, None]:
+        """The request's text through the engine, as PCM."""
+        req, engine = utt.req, self._engine()
+        opts = req.options(self.synthesis)
+        if req.stream is None:
+            chunks = engine.stream(req.text, req.voice, opts, req.text_format)
+        else:
+            planner = engine.planner(req.voice, opts, req.text_format)
+            chunks = engine.stream_steps(self._arriving(utt, req.stream.steps(planner)),
+                                         req.voice, opts)
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                yield to_pcm16(chunk.samples)
 
     async def _arriving(self, utt: Utterance, batches: AsyncGenerator[list[Step], None]
                         ) -> AsyncGenerator[list[Step], None]:
@@ -394,7 +418,7 @@ class Scheduler:
         else:
             self._start_producer(utt)
             assert utt.buffer is not None and utt.fmt is not None
-            voice = req.voice or self.engine.catalog.default
+            voice = req.voice or self._engine().default_voice
             fmt = utt.fmt
             source = synthesized(utt.buffer)
         self._emit("started", req)
@@ -483,7 +507,7 @@ class Scheduler:
             else:
                 assert nxt.buffer is not None and nxt.fmt is not None
                 fmt = nxt.fmt
-                pcm = b"".join(to_pcm16(c.samples) for c in nxt.buffer.peek())
+                pcm = b"".join(nxt.buffer.peek())
             self.speaker.cue(nxt, fmt, pcm, self.synthesis.paragraph_silence,
                              partial(self._cue_first_audio, nxt))
 

@@ -20,19 +20,22 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from tts import SynthesisOptions, UnknownVoice, VoiceCatalog, VoiceError
+from tts.errors import UnknownVoice, VoiceError
+from tts.options import SynthesisOptions
 
 from . import __version__
 from .context import Context
-from .engine import Engine, EngineSettings
 from .metrics import Metrics
 from .reload import read_settings
 from .scheduler import Scheduler
 from .settings import ConfigError, Settings, load_settings
 from .state import STATE_FILE, DeviceState, state_directory
-from .voice_watch import VoiceWatch
+
+if TYPE_CHECKING:  # the model's parts: imported only where there is a model (node.role)
+    from .engine import Engine
+    from .voice_watch import VoiceWatch
 
 _systemd: Any
 try:  # written separately; until it exists the hooks are no-ops
@@ -248,6 +251,11 @@ class Service:
             self.wyoming.options = options
 
     async def start(self) -> None:
+        from tts import VoiceCatalog
+
+        from .engine import Engine, EngineSettings
+        from .voice_watch import VoiceWatch
+
         s = self.settings
         catalog = VoiceCatalog(s.voices.directories, default=s.voices.default)
         engine = Engine(catalog, EngineSettings(threads=s.voices.threads,

@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from tts import AudioFormat, to_pcm16
+from tts.audio import AudioFormat
 
 from .buffer import AudioBuffer
 from .metrics import Timeline
@@ -73,7 +73,7 @@ async def slices(pcm: bytes, fmt: AudioFormat, seconds: float) -> AsyncIterator[
 
 
 async def synthesized(buffer: AudioBuffer) -> AsyncIterator[bytes]:
-    """The synthesized chunks as PCM; a synthesis error ends them as ``SynthesisFailed``."""
+    """The synthesized PCM; a synthesis error ends it as ``SynthesisFailed``."""
     while True:
         try:
             chunk = await buffer.get()
@@ -81,7 +81,7 @@ async def synthesized(buffer: AudioBuffer) -> AsyncIterator[bytes]:
             raise SynthesisFailed(failure(e)) from e
         if chunk is None:
             return
-        yield to_pcm16(chunk.samples)
+        yield chunk
 
 
 def sink_names(req: Request) -> str:

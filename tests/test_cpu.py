@@ -87,3 +87,24 @@ def test_a_verdict_is_probed_once_per_build_and_cpu(tmp_path) -> None:
         with pytest.raises(TorchUnusable, match="at import"):
             cached_verdict(store, "2.10.0 a72", probe(""))
     assert runs == ["import\n1\n", ""]
+
+
+def test_the_cpu_check_runs_before_torch_is_imported_and_only_then() -> None:
+    """The text front-end, the audio format and the options load without torch (a satellite
+    plays audio without a model); the first import of torch, by any path, is preceded by
+    the check of this CPU (``tts.cpu``)."""
+    code = """
+import sys
+import tts, tts.text, tts.audio, tts.options, tts.errors
+from tts import AudioFormat, SynthesisOptions, UnknownVoice
+assert "torch" not in sys.modules, "torch was imported by the torch-free parts"
+checked = []
+tts.require_runnable_torch = lambda: checked.append("torch" in sys.modules)
+import tts.stream
+assert checked == [False], checked
+assert "torch" in sys.modules
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

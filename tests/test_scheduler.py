@@ -458,7 +458,7 @@ def test_every_front_resolves_voices_alike(engine: Engine) -> None:
 
 async def test_audio_buffer_is_bounded_and_ends_with_the_error() -> None:
     buf = AudioBuffer(max_samples=100)
-    chunk = AudioChunk(np.zeros(60, np.float32), 0, False)
+    chunk = bytes(120)  # 60 samples
     await buf.put(chunk)
     await buf.put(chunk)  # 120 >= 100: the next put waits
     blocked = asyncio.ensure_future(buf.put(chunk))

@@ -14,7 +14,8 @@ import torch
 from conftest import ROOT
 from synthetic_voice import VARIANTS, export_like_piper, random_model
 
-from tts.voice import VoiceConfig, VoiceError, VoiceInfo, load_onnx_weights
+from tts.errors import VoiceError
+from tts.voice import VoiceConfig, VoiceInfo, load_onnx_weights
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

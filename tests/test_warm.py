@@ -17,7 +17,8 @@ import torch
 from synthetic_voice import VARIANTS, random_model
 
 from daemon.engine import Engine, EngineSettings
-from tts.warm import PAGE, PROBE_IDLE, CodeToucher, KeepWarm, Warmer, WeightToucher
+from tts.memory import KeepWarm
+from tts.warm import PAGE, PROBE_IDLE, CodeToucher, Warmer, WeightToucher
 
 
 def test_the_toucher_reads_one_byte_in_every_page_of_every_weight() -> None:

@@ -14,17 +14,14 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import UnknownVoice, VoiceError
 from .memory import release_free_memory
 from .stream import Synthesizer
-from .voice import Voice, VoiceError, VoiceInfo
+from .voice import Voice, VoiceInfo
 
 log = logging.getLogger(__name__)
 
 DEFAULT_VOICE = "en_US-joe-medium"
-
-
-class UnknownVoice(VoiceError):
-    """No installed voice matches the name or language asked for."""
 
 
 def bundled_voices() -> list[VoiceInfo]:

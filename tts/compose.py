@@ -31,10 +31,12 @@ import numpy as np
 import torch
 
 from .audio import AudioFormat
-from .catalog import UnknownVoice, VoiceCatalog
+from .catalog import VoiceCatalog
+from .errors import UnknownVoice
 from .fallback import LABEL_PREFIX, EspeakFallback, FallbackError
+from .options import SynthesisOptions
 from .resample import Resampler
-from .stream import AudioChunk, SynthesisOptions
+from .stream import AudioChunk
 from .text.languages import CJK_LANGUAGES, base_language, for_voice, language_runs
 from .text.markup import (
     Markup,

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import VoiceError
 from .text.languages import base_language, script_of
-from .voice import VoiceError
 
 LABEL_PREFIX = "espeak:"
 NATIVE_RATE = 22050  # what espeak-ng synthesizes at; the library reports it at start-up

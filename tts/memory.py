@@ -47,10 +47,14 @@ import ctypes
 import logging
 import os
 from functools import cache
-from typing import Any
+from typing import Any, Literal, get_args
 
 log = logging.getLogger(__name__)
 
+# Keeping loaded voices' memory warm while idle (``tts.warm``): "auto" measures whether
+# idle memory goes cold here first. Here, torch-free, because the settings name it.
+KeepWarm = Literal["auto", "on", "off"]
+KEEP_WARM_MODES: tuple[KeepWarm, ...] = get_args(KeepWarm)
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 _MADV_DONTNEED = 4

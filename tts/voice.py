@@ -23,14 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import TtsError
+from .errors import VoiceError
 from .vits import Vits, VitsConfig
 
 log = logging.getLogger(__name__)
-
-
-class VoiceError(TtsError):
-    """A voice could not be read: wrong files, unknown layout, missing weights."""
 
 
 @dataclass(frozen=True)

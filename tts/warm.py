@@ -27,16 +27,16 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import BinaryIO, Literal, Protocol, get_args
+from typing import BinaryIO, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
+from .memory import KeepWarm
+
 log = logging.getLogger(__name__)
 
-KeepWarm = Literal["auto", "on", "off"]  # "auto": measure idle_slowdown first, warm if it pays
-KEEP_WARM_MODES: tuple[KeepWarm, ...] = get_args(KeepWarm)
 PAGE = 4096  # bytes; the granularity the host maps memory back in
 PROBE_IDLE = 1.0  # seconds ``idle_slowdown`` leaves its block untouched
 PROBES = 2  # the warmer's verdict is the larger: a start-up's other threads can hide it

@@ -17,7 +17,7 @@ from pydantic import (
     field_validator,
 )
 
-from tts.warm import KeepWarm
+from tts.memory import KeepWarm
 
 from ..errors import HeraldError
 from ..request import RATE_RANGE

@@ -1,0 +1,47 @@
+"""The controls of one synthesis, checked when made. Torch-free: the fronts and a node
+without a model (a satellite) build them too."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .voice import Voice
+
+
+@dataclass(frozen=True)
+class SynthesisOptions:
+    """Per-request controls. None means: the voice's own default."""
+
+    length_scale: float | None = None  # > 1 is slower
+    noise_scale: float | None = None
+    noise_w: float | None = None
+    speaker: str | int | None = None
+    gain: float = 1.0  # fixed output gain; replaces Piper's per-sentence peak normalisation
+    seed: int | None = None  # fixes the sampling noise (tests, reproducible output)
+    sentence_silence: float = 0.0  # seconds of silence after each sentence
+    paragraph_silence: float = 0.4  # seconds after a paragraph (a blank line) in composed text
+
+    def __post_init__(self) -> None:
+        """Refuse values the model would fail on only mid-synthesis (a NaN or negative
+        length scale makes negative durations) or would take silently (0 reads as unset)."""
+        positive = ("length_scale", "gain")
+        for name in (*positive, "noise_scale", "noise_w", "sentence_silence",
+                     "paragraph_silence"):
+            value, strict = getattr(self, name), name in positive
+            if value is not None and not (math.isfinite(value)
+                                          and (value > 0 if strict else value >= 0)):
+                bound = "above 0" if strict else "0 or more"
+                raise ValueError(f"SynthesisOptions.{name} must be a finite number {bound}, "
+                                 f"not {value!r}")
+
+    def with_defaults(self, voice: Voice) -> SynthesisOptions:
+        c = voice.config
+        return replace(
+            self,
+            length_scale=c.length_scale if self.length_scale is None else self.length_scale,
+            noise_scale=c.noise_scale if self.noise_scale is None else self.noise_scale,
+            noise_w=c.noise_w if self.noise_w is None else self.noise_w,
+        )
