@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import threading
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -24,7 +23,6 @@ from tts import (
     AudioChunk,
     AudioFormat,
     SynthesisOptions,
-    UnknownVoice,
     VoiceCatalog,
     default_threads,
     set_threads,
@@ -36,12 +34,11 @@ from tts.text import TextFormat
 from tts.threads import cores
 from tts.warm import Warmer
 
+from .synthesis import pick_voice
 from .workers import Render, Workers
 
 log = logging.getLogger(__name__)
 
-_LANGUAGE = re.compile(r"^[a-z]{2,3}([_-][A-Za-z]{2})?$")  # en, de_DE, pt-br: not a voice name
-_MAX_VOICE_NAME = 200  # characters; a longer "name" is junk, not echoed back in full
 
 
 @dataclass(frozen=True)
@@ -106,24 +103,8 @@ class Engine:
         ``language`` (Wyoming's field); with neither, ``default`` (the catalog's if None).
         Raises ``UnknownVoice`` naming what is installed; each front answers it its own
         way."""
-        if name and len(name) > _MAX_VOICE_NAME:
-            raise UnknownVoice(f"voice name too long (over {_MAX_VOICE_NAME} characters)")
-        catalog = self.catalog
-        if name:
-            try:
-                return catalog.resolve(name).name
-            except UnknownVoice:
-                if not _LANGUAGE.match(name):
-                    raise
-            language = name
-        if not language:
-            return default or catalog.default
-        try:
-            return catalog.resolve(language=language).name
-        except UnknownVoice:
-            installed = ", ".join(f"{i.name} ({i.config.language})" for i in catalog.infos())
-            what = f"unknown voice {name!r}: no voice has that name or" if name else "no voice"
-            raise UnknownVoice(f"{what} speaks {language!r}; installed: {installed}") from None
+        languages = {i.name: i.config.language for i in self.catalog.infos()}
+        return pick_voice(languages, self.catalog.default, name, language, default)
 
     def check_speaker(self, voice: str, speaker: str | int | None) -> None:
         """Refuse (``VoiceError``) a speaker the installed ``voice`` does not have. Reads only

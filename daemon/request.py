@@ -429,6 +429,8 @@ def _build(f: _Fields, limits: Limits, front: str, timeline: Timeline | None,
         limits.check_speaker(voice, f.speaker)
     except VoiceError as e:
         raise failure(e, rid) from None
+    except RequestError as e:  # the voices are elsewhere, and unreachable (a satellite's)
+        raise RequestError(str(e), rid, e.code) from None
     if f.format == "ssml" and stream is None:
         check_ssml(f.text, rid)
     req = Request(text=f.text, voice=voice, speaker=f.speaker, rate=f.rate,

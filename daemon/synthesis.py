@@ -8,8 +8,12 @@ torch."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import re
+from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING, Protocol
+
+from tts.errors import UnknownVoice
+from tts.text.languages import speaks
 
 if TYPE_CHECKING:
     from tts.audio import AudioFormat
@@ -17,6 +21,39 @@ if TYPE_CHECKING:
     from tts.options import SynthesisOptions
     from tts.stream import AudioChunk
     from tts.text import TextFormat
+
+
+_LANGUAGE = re.compile(r"^[a-z]{2,3}([_-][A-Za-z]{2})?$")  # en, de_DE, pt-br: not a voice name
+MAX_VOICE_NAME = 200  # characters; a longer "name" is junk, not echoed back in full
+
+
+def pick_voice(voices: Mapping[str, str], preferred: str, name: str | None = None,
+               language: str | None = None, default: str | None = None,
+               where: str = "installed") -> str:
+    """The voice a request asks for among ``voices`` (name -> language), however the
+    front lets it ask: by name; by a language in ``name`` (``en``, ``de_DE``, as people
+    type it in a ``say``) or in ``language`` (Wyoming's field), ``preferred`` first;
+    with neither, ``default`` (``preferred`` if None). Raises ``UnknownVoice`` naming
+    what there is (``where``: "installed", or where else the voices are); each front
+    answers it its own way. One resolver for the engine's voices and the fleet's."""
+    if name and len(name) > MAX_VOICE_NAME:
+        raise UnknownVoice(f"voice name too long (over {MAX_VOICE_NAME} characters)")
+    if name:
+        if name in voices:
+            return name
+        if not _LANGUAGE.match(name):
+            raise UnknownVoice(f"unknown voice {name!r}; {where}: {', '.join(voices)}")
+        language = name
+    if not language:
+        return default or preferred
+    order = [preferred, *(v for v in voices if v != preferred)] if preferred in voices \
+        else list(voices)
+    found = speaks(language, ((v, voices[v]) for v in order))
+    if found is not None:
+        return found
+    listed = ", ".join(f"{v} ({lang})" for v, lang in voices.items())
+    what = f"unknown voice {name!r}: no voice has that name or" if name else "no voice"
+    raise UnknownVoice(f"{what} speaks {language!r}; {where}: {listed}")
 
 
 class VoiceList(Protocol):

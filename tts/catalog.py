@@ -17,6 +17,7 @@ from pathlib import Path
 from .errors import UnknownVoice, VoiceError
 from .memory import release_free_memory
 from .stream import Synthesizer
+from .text.languages import speaks
 from .voice import Voice, VoiceInfo
 
 log = logging.getLogger(__name__)
@@ -169,15 +170,12 @@ class VoiceCatalog:
                 return self._infos[name]
             raise UnknownVoice(f"unknown voice {name!r}; installed: {', '.join(self._infos)}")
         if language:
-            want = language.replace("-", "_").lower()
             default = self._infos[self.default]
             candidates = [default] + [i for i in self._infos.values() if i is not default]
-            for exact in (True, False):
-                for info in candidates:
-                    have = info.config.language.replace("-", "_").lower()
-                    if have == want or (not exact and have.split("_")[0] == want.split("_")[0]):
-                        return info
-            raise UnknownVoice(f"no installed voice speaks {language!r}")
+            found = speaks(language, ((i.name, i.config.language) for i in candidates))
+            if found is None:
+                raise UnknownVoice(f"no installed voice speaks {language!r}")
+            return self._infos[found]
         return self._infos[self.default]
 
     def loaded(self) -> list[Synthesizer]:

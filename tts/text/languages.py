@@ -11,6 +11,7 @@ in, or, between two runs, to the one before.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -59,6 +60,19 @@ def base_language(code: str) -> str:
     if c in ("cmn", "zh-cmn") or c.startswith(("cmn-", "zh-")):
         return "zh"
     return c.split("-")[0]
+
+
+def speaks(language: str, voices: Iterable[tuple[str, str]]) -> str | None:
+    """The first of ``voices`` (name, language) that speaks ``language`` (``en_US``,
+    ``en-us`` or ``en``): one of exactly that language, else one of the same base
+    language; None if none does. Put the preferred voice first."""
+    want = language.replace("-", "_").lower()
+    candidates = [(name, have.replace("-", "_").lower()) for name, have in voices]
+    for exact in (True, False):
+        for name, have in candidates:
+            if have == want or (not exact and have.split("_")[0] == want.split("_")[0]):
+                return name
+    return None
 
 
 def language_runs(text: str, default: str, cjk: str | None = None) -> list[Run]:

@@ -179,14 +179,15 @@ class Commands(Extension):
             text = name.strip()
         if not text:
             raise RequestError("empty voice name; installed: " + ", ".join(
-                i.name for i in ctx.engine.catalog.infos()))
+                ctx.voice_list.voice_names()))
         try:
             voice = self.front.resolve_voice(text)
         except VoiceError as e:
             raise RequestError(str(e)) from None
         log.info("MQTT: default voice set to %s", voice)
         ctx.state.set_voice(voice)  # the status follows
-        self.front.spawn(self._preload(voice))
+        if ctx.model is not None:  # a satellite's workers load their voices themselves
+            self.front.spawn(self._preload(voice))
 
     async def _preload(self, voice: str) -> None:
         try:

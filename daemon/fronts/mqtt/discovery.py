@@ -112,7 +112,7 @@ class Discovery(Extension):
 
     def publish(self) -> None:
         front = self.front
-        voices = [i.name for i in front.ctx.engine.catalog.infos()]
+        voices = front.ctx.voice_list.voice_names()
         payload = discovery_payload(front.topics, front.ctx.version, voices)
         front.publish(front.topics.discovery, json.dumps(payload), 1, True)
 

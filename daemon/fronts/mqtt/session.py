@@ -248,11 +248,11 @@ class MqttFront:
         sinks = self.scheduler.available_sinks() if self.scheduler else ()
         default = ("speaker",) if "speaker" in sinks else ("mqtt",)
         return Limits(self.settings.max_text, default, self.resolve_voice,
-                      self.ctx.engine.check_speaker, self.settings.max_age)
+                      self.ctx.voice_list.check_speaker, self.settings.max_age)
 
     def resolve_voice(self, name: str | None) -> str:
         """A voice name or language; none: the default set on ``set/voice``."""
-        return self.ctx.engine.resolve_voice(name, default=self.ctx.state.voice)
+        return self.ctx.voice_list.resolve_voice(name, default=self.ctx.state.voice)
 
     def scheduler_for(self, request_id: str | None = None) -> Scheduler:
         """The scheduler, or the error a request gets when there is none."""
