@@ -163,6 +163,12 @@ class TextStream:
         self._pieces.clear()
         return text
 
+    async def pieces(self) -> AsyncGenerator[str, None]:
+        """The text as it arrives, unplanned (for a worker elsewhere to plan); raises the
+        stream's error at its end."""
+        while (text := await self._take()) is not None:
+            yield text
+
     async def steps(self, planner: Planner) -> AsyncGenerator[list[Step], None]:
         """The planned text, one sentence's steps at a time as each one completes, so its
         audio never depends on how the text was cut or how fast it came (a fixed seed starts

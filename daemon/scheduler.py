@@ -39,7 +39,7 @@ from tts.options import SynthesisOptions
 from .buffer import AudioBuffer
 from .logcontext import context_for, request_context
 from .metrics import LatencyRecord, Metrics, Timeline
-from .request import NOTHING_TO_SAY, Request, RequestError, failure
+from .request import NOTHING_TO_SAY, AudioSource, Request, RequestError, failure
 from .settings import SchedulerSettings
 from .sinks.protocol import NetworkSink, Speaker, SpeakerUnavailable
 from .synthesis import Synthesis
@@ -96,6 +96,9 @@ class Scheduler:
         self._cued: Utterance | None = None  # the speaker's cue: the next utterance, whole
         # Called whenever synthesis or playback advances (the service feeds the watchdog).
         self.on_progress: Callable[[], None] | None = None
+        # Where a request's audio comes from when there is no engine here (a satellite: the
+        # fleet's pool, daemon.fleet.pool); it raises RequestError when it cannot be had.
+        self.make_source: Callable[[Request], AudioSource] | None = None
 
     # ------------------------------------------------------------------ wiring
 
@@ -135,7 +138,9 @@ class Scheduler:
         if not req.sinks and req.client is None:
             raise RequestError("the request has nowhere to go: name a sink", req.id)
         if self.engine is None and req.audio is None and req.source is None:
-            raise RequestError(NO_MODEL, req.id, "unavailable")
+            if self.make_source is None:
+                raise RequestError(NO_MODEL, req.id, "unavailable")
+            req.source = self.make_source(req)
         if req.audio is not None and req.sinks != ("speaker",):
             raise RequestError("audio to play goes only to the speaker, not to "
                                f"{'+'.join(req.sinks)}", req.id)

@@ -202,9 +202,20 @@ class Service:
 
     async def reload(self) -> None:
         """Apply what can change live (``daemon.reload``), then rescan the voices."""
-        assert self.ctx is not None and self.voices is not None
+        assert self.ctx is not None
         old = self.settings
         read = await read_settings(self.load, old) if self.load is not None else None
+        if self.voices is None:  # no model here (a satellite): no voices to rescan
+            if read is not None:
+                new, changed = read
+                if "log_level" in changed:
+                    logging.getLogger().setLevel(new.log_level)
+                if any(k.startswith("synthesis.") for k in changed):
+                    self._apply_synthesis(new.synthesis)
+                self.settings = old.model_copy(update={"log_level": new.log_level,
+                                                       "synthesis": new.synthesis})
+            self._status()
+            return
         if read is not None:
             new, changed = read
             catalog = self.ctx.engine.catalog
@@ -251,31 +262,32 @@ class Service:
             self.wyoming.options = options
 
     async def start(self) -> None:
-        from tts import VoiceCatalog
-
-        from .engine import Engine, EngineSettings
-        from .voice_watch import VoiceWatch
-
         s = self.settings
-        catalog = VoiceCatalog(s.voices.directories, default=s.voices.default)
-        engine = Engine(catalog, EngineSettings(threads=s.voices.threads,
-                                                workers=s.voices.workers,
-                                                keep_warm=s.voices.keep_warm))
         metrics = Metrics()
-        state = DeviceState.load(state_directory(s.state.directory) / STATE_FILE,
-                                 catalog.default, s.speaker.volume,
-                                 lambda name: _installed(engine, name))
-        metrics.streams_waiting.set_function(lambda: engine.waiting_streams)
-        self.ctx = ctx = Context(engine, metrics, __version__, state=state)
-        self.workers_ended = False
-        notify_status(f"loading voice {catalog.default}")
-        await engine.preload(catalog.default)
-        if state.voice != catalog.default:
-            await engine.preload(state.voice)
-        engine.keep_warm()
+        fleet = None
+        if s.fleet.enabled:
+            from .fleet.node import FleetNode
+
+            fleet = FleetNode(s)
+        state_file = state_directory(s.state.directory) / STATE_FILE
+        engine: Engine | None = None
+        if s.node.synthesizes:
+            engine = self._engine()
+            state = DeviceState.load(state_file, engine.default_voice, s.speaker.volume,
+                                     lambda name: _installed(engine, name))
+            metrics.streams_waiting.set_function(lambda: engine.waiting_streams)
+            self.ctx = ctx = Context(engine, metrics, __version__, state=state)
+            self.workers_ended = False
+            await self._load_voices(engine, state.voice)
+        else:  # a satellite: the fleet's workers have the voices (torch is never imported)
+            assert fleet is not None  # node.role = "satellite" turns fleet.enabled on
+            state = DeviceState.load(state_file, fleet.voices.default_voice, s.speaker.volume,
+                                     lambda name: name)
+            self.ctx = ctx = Context(None, metrics, __version__, state=state,
+                                     voice_list=fleet.voices)
 
         speaker = None
-        if s.speaker.enabled:
+        if s.speaker.enabled and s.node.plays:
             from .sinks.speaker import SpeakerSink
 
             candidate = SpeakerSink(s.speaker.model_copy(update={"volume": state.volume}),
@@ -286,9 +298,13 @@ class Service:
         ctx.synthesis = _synthesis_options(s.synthesis)
         self.scheduler = Scheduler(engine, metrics, s.scheduler, ctx.synthesis, speaker)
         scheduler = self.scheduler
-        self.voices = ctx.voices = VoiceWatch(
-            catalog, busy=lambda: engine.rendering or scheduler.busy(),
-            keep=lambda: {state.voice})
+        if engine is not None:
+            from .voice_watch import VoiceWatch
+
+            model = engine
+            self.voices = ctx.voices = VoiceWatch(
+                engine.catalog, busy=lambda: model.rendering or scheduler.busy(),
+                keep=lambda: {state.voice})
         ctx.scheduler = self.scheduler
         ctx.status.scheduler = self.scheduler
         self.scheduler.on_progress = watchdog_progress
@@ -297,6 +313,17 @@ class Service:
 
         if s.mqtt.enabled:
             await self._start_mqtt()
+        if fleet is not None:
+            fleet.attach(ctx, self.mqtt)
+            await self._start_part(fleet)
+        if engine is None:
+            off = [n for n, on in (("Wyoming", s.wyoming.enabled), ("HTTP", s.http.enabled)) if on]
+            if off:
+                log.info("%s: off on a satellite (node.role = \"satellite\"): %s synthesize "
+                         "in this process, which has no model; MQTT requests go to the "
+                         "fleet's workers", " and ".join(off), "they" if len(off) > 1 else "it")
+            return
+        assert self.voices is not None
         if s.wyoming.enabled:
             from .fronts.wyoming import WyomingFront
 
@@ -309,6 +336,26 @@ class Service:
 
             await self._start_part(HttpFront(s.http, ctx))
         await self._start_part(self.voices)
+
+    def _engine(self) -> Engine:
+        """The model's side: the voice catalog and the engine (imports torch)."""
+        from tts import VoiceCatalog
+
+        from .engine import Engine, EngineSettings
+
+        s = self.settings
+        catalog = VoiceCatalog(s.voices.directories, default=s.voices.default)
+        return Engine(catalog, EngineSettings(threads=s.voices.threads, workers=s.voices.workers,
+                                              keep_warm=s.voices.keep_warm))
+
+    async def _load_voices(self, engine: Engine, voice: str) -> None:
+        """Load the default voice (and the device's, if another) before serving."""
+        default = engine.default_voice
+        notify_status(f"loading voice {default}")
+        await engine.preload(default)
+        if voice != default:
+            await engine.preload(voice)
+        engine.keep_warm()
 
     async def _start_mqtt(self) -> None:
         from .broker import EmbeddedBroker
@@ -328,8 +375,8 @@ class Service:
         self.scheduler.register_sink(MqttAudioSink(front.publish, topics, s.mqtt.audio))
         if await self._start_part(front):
             self.mqtt = front
-            assert self.voices is not None  # Home Assistant's Voice select follows
-            self.voices.add_listener(lambda changes: front.publish_discovery())
+            if self.voices is not None:  # Home Assistant's Voice select follows
+                self.voices.add_listener(lambda changes: front.publish_discovery())
 
     async def _start_part(self, part: Part) -> bool:
         """Start one part inside its own error boundary; False (logged) if it failed."""
@@ -347,8 +394,8 @@ class Service:
             await self._guard("scheduler", self.scheduler.close(timeout=1.5))
         for part in reversed(self.parts):
             await self._guard(part.name, part.stop())
-        if self.ctx is not None:
-            self.workers_ended = await asyncio.to_thread(self.ctx.engine.close, WORKER_JOIN)
+        if self.ctx is not None and self.ctx.model is not None:
+            self.workers_ended = await asyncio.to_thread(self.ctx.model.close, WORKER_JOIN)
 
     async def _guard(self, name: str, aw: Awaitable[Any], timeout: float = 2.0) -> None:
         try:

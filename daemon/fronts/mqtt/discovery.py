@@ -93,6 +93,33 @@ def discovery_payload(topics: Topics, version: str, voices: Sequence[str],
     }
 
 
+def group_discovery_payload(group: str, say_topic: str, presence_topics: Sequence[str]
+                            ) -> dict[str, Any]:
+    """An announcement group of the fleet (``daemon.fleet.groups``) as a device of its own
+    with one notify entity, whose messages go to the group's ``say``. Every member publishes
+    it, the same bytes (no version in it, the members in order): Home Assistant sees one
+    device, available while any member is (each member's presence says ``online``)."""
+    uid = f"herald_group_{group}"
+    return {
+        "dev": {"ids": [uid], "name": f"herald group {group}", "mf": "herald",
+                "mdl": "herald announcement group"},
+        "o": {"name": "herald"},
+        "availability": [{"topic": t, "value_template": "{{ value_json.state }}"}
+                         for t in sorted(presence_topics)],
+        "availability_mode": "any",
+        "payload_available": "online",
+        "payload_not_available": "offline",
+        "qos": 1,
+        "cmps": {"say": {"p": "notify", "unique_id": f"{uid}_say", "name": "Announce",
+                         "command_topic": say_topic, "command_template": NOTIFY_TEMPLATE,
+                         "retain": False, "qos": 1, "icon": "mdi:bullhorn"}},
+    }
+
+
+def group_discovery_topic(prefix: str, group: str) -> str:
+    return f"{prefix}/device/herald_group_{group}/config"
+
+
 class Discovery(Extension):
     """Publishes the discovery message on every connect, and again whenever Home Assistant
     says it is back online (it forgets retained discovery only if the broker lost it)."""
@@ -112,9 +139,13 @@ class Discovery(Extension):
 
     def publish(self) -> None:
         front = self.front
-        voices = front.ctx.voice_list.voice_names()
+        # A satellite lists the voices its fleet's online workers offer: none while no
+        # worker is online, when the select still shows the device's default.
+        voices = front.ctx.voice_list.voice_names() or [front.ctx.state.voice]
         payload = discovery_payload(front.topics, front.ctx.version, voices)
         front.publish(front.topics.discovery, json.dumps(payload), 1, True)
+        for topic, extra in front.discovery_extra():
+            front.publish(topic, json.dumps(extra), 1, True)
 
     def _on_ha_status(self, msg: Message) -> None:
         if msg.payload.strip() == b"online":

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -65,6 +65,8 @@ class MqttFront:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._discovery = Discovery(self) if settings.discovery.enabled else None
+        # More discovery messages, by topic (a fleet member's announcement groups).
+        self.discovery_extra: Callable[[], list[tuple[str, dict[str, Any]]]] = list
         wanted: list[Extension | None] = [Commands(self), self._discovery,
                                           Hermes(self) if settings.hermes.enabled else None]
         self._wanted = [e for e in wanted if e is not None]
@@ -164,7 +166,8 @@ class MqttFront:
         if self._discovery is not None:
             self._discovery.publish()
 
-    def _event(self, payload: dict[str, Any]) -> None:
+    def publish_event(self, payload: dict[str, Any]) -> None:
+        """One event on the device's event topic (the scheduler's, or another part's)."""
         self.publish(self.topics.event, json.dumps(payload), 1, False)
 
     def error(self, topic: str, message: str, request_id: str | None = None,
@@ -180,7 +183,7 @@ class MqttFront:
         ev["error"] = message
         ev["code"] = code
         ev["topic"] = topic
-        self._event(ev)
+        self.publish_event(ev)
 
     # ------------------------------------------------------------------ paho threads
 
@@ -269,7 +272,7 @@ class MqttFront:
     # --- outputs
 
     def _on_event(self, ev: dict[str, Any]) -> None:
-        self._event(ev)
+        self.publish_event(ev)
         for ext in self.extensions:
             ext.on_event(ev)
         self.publish_status()
