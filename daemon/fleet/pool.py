@@ -35,9 +35,11 @@ from typing import Any
 from tts.audio import AudioFormat
 from tts.errors import VoiceError
 from tts.options import SynthesisOptions
+from tts.text import SentenceBuffer
 
 from ..request import SEED_RANGE, Request, RequestError, failure
 from ..settings import Settings
+from ..utterance import skip_writing
 from .incoming import Incoming
 from .link import FleetLink, FleetMessage
 from .messages import Cancel, Job, JobOptions, JobState, Resumed, TextPiece, decode
@@ -163,7 +165,8 @@ class JobSource:
     async def pcm(self) -> AsyncGenerator[bytes, None]:
         pool, req = self.pool, self.req
         incoming = pool.receiver.expect(req.id)
-        sup = Supervisor(pool, req, pool.topics.device_audio(), incoming, pool.device_events)
+        sup = Supervisor(pool, req, pool.topics.device_audio(), incoming, pool.device_events,
+                         written=lambda: skip_writing(req.timeline))
         task = asyncio.create_task(sup.run(), name=f"herald-fleet-{req.id}")
         try:
             async for piece in incoming.pcm():
@@ -179,8 +182,11 @@ class Supervisor:
     """One job, from its first send to its audio received whole (or given up)."""
 
     def __init__(self, pool: Pool, req: Request, audio: str, incoming: Incoming,
-                 events: EventSink, group: str | None = None) -> None:
+                 events: EventSink, group: str | None = None,
+                 written: Callable[[], None] | None = None) -> None:
+        """``written``: called once a streamed text's first sentence is complete."""
         self.pool = pool
+        self.written = written
         self.req = req
         self.audio = audio
         self.incoming = incoming
@@ -334,16 +340,27 @@ class Supervisor:
 
     async def _feed(self) -> None:
         assert self.req.stream is not None
+        sentences = SentenceBuffer()
         try:
             async for piece in self.req.stream.pieces():
                 self.text.append(piece)
                 self._forward()
+                if self.written is not None and sentences.feed(piece):
+                    self._first_sentence()
         except RequestError as e:
             self.failure = e
             self._wake.set()
             return
         self.text_end = True
         self._forward()
+        self._first_sentence()
+
+    def _first_sentence(self) -> None:
+        """The writer (an LLM) has finished a sentence: from now on the worker has
+        something to say, and the time before is not herald's (``skip_writing``)."""
+        if self.written is not None:
+            self.written()
+            self.written = None
 
     def _forward(self) -> None:
         """What the current worker does not have of the streamed text, from its offset."""
