@@ -143,6 +143,7 @@ class Service:
         self.scheduler: Scheduler | None = None
         self.mqtt: Any = None
         self.wyoming: Any = None
+        self.fleet: Any = None  # daemon.fleet.node.FleetNode on a fleet node
         self.voices: VoiceWatch | None = None
         self._stop = asyncio.Event()
         self._reloading: asyncio.Task[None] | None = None
@@ -315,7 +316,9 @@ class Service:
             await self._start_mqtt()
         if fleet is not None:
             fleet.attach(ctx, self.mqtt)
-            await self._start_part(fleet)
+            for part in fleet.parts():
+                await self._start_part(part)
+            self.fleet = fleet
         if engine is None:
             off = [n for n, on in (("Wyoming", s.wyoming.enabled), ("HTTP", s.http.enabled)) if on]
             if off:

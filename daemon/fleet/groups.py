@@ -41,13 +41,14 @@ from ..request import (
     stream_request,
 )
 from ..settings import Settings
-from .link import FleetLink, FleetMessage
+from .link import FleetLink
 from .pool import Pool
 from .receiver import Receiver
 from .topics import FleetTopics
 
 log = logging.getLogger(__name__)
 
+Handle = Callable[[str, str, bytes], None]  # group, topic, payload
 HELD_STREAMS = 64  # streams whose relayed pieces a member keeps, not knowing their owner yet
 HELD_PIECES = 256  # ... and pieces of each
 
@@ -71,20 +72,16 @@ class Groups:
                          for g in self.groups}
         self._owned: set[str] = set()  # group streams this member owns (got piece 0)
         self._held: OrderedDict[str, list[bytes]] = OrderedDict()  # relayed, owner unknown
-        t = self.topics
-        self._routes: dict[str, tuple[str, Callable[[str, FleetMessage], None]]] = {}
-        for g in self.groups:
-            self._routes[t.group_say(g)] = (g, self._on_say)
-            self._routes[t.group_say_stream(g)] = (g, self._on_stream)
-            self._routes[t.group_stop(g)] = (g, self._on_stop)
-            self._routes[t.group_event(g)] = (g, self._on_event)
 
     def attach(self, link: FleetLink) -> None:
         t = self.topics
-        subscriptions = [s for g in self.groups for s in (
-            t.group_say_shared(g), t.group_say_stream_shared(g), t.group_stop(g),
-            t.group_event(g), t.group_relay(g))]
-        link.handle(self._on_message, *subscriptions)
+        for g in self.groups:
+            for filter_, handle in ((t.group_say_shared(g), self._on_say),
+                                    (t.group_say_stream_shared(g), self._on_stream),
+                                    (t.group_stop(g), self._on_stop)):
+                link.subscribe(filter_, self._command(g, handle))
+            link.subscribe(t.group_event(g), self._for(g, self._on_event))
+            link.subscribe(t.group_relay(g), self._for(g, self._on_relayed))
 
     async def start(self) -> None:
         if self.groups:
@@ -96,29 +93,25 @@ class Groups:
 
     # ------------------------------------------------------------------ dispatch
 
-    def _on_message(self, msg: FleetMessage) -> bool:
-        route = self._routes.get(msg.topic)
-        if route is None:
-            for group in self.groups:
-                rid = self.topics.relayed_stream(group, msg.topic)
-                if rid is not None:
-                    self._on_relayed(group, rid, msg.payload)
-                    return True
-            return False
-        group, handle = route
-        if msg.retained and handle is not self._on_event:
-            if self._retained.first(msg.topic, msg.payload):
-                self.error(group, msg.topic, RequestError(refusal(msg.topic)))
-            return True
-        try:
-            handle(group, msg)
-        except RequestError as e:
-            self.error(group, msg.topic, e)
-        return True
+    def _for(self, group: str, handle: Handle) -> Callable[[str, bytes], None]:
+        return lambda topic, payload: handle(group, topic, payload)
+
+    def _command(self, group: str, handle: Handle) -> Callable[[str, bytes], None]:
+        """A command: refused when retained, its error reported on the group's events."""
+        def run(topic: str, payload: bytes) -> None:
+            if self.link.retained:
+                if self._retained.first(topic, payload):
+                    self.error(group, topic, RequestError(refusal(topic)))
+                return
+            try:
+                handle(group, topic, payload)
+            except RequestError as e:
+                self.error(group, topic, e)
+        return run
 
     def event(self, group: str, ev: dict[str, Any]) -> None:
         """One of the owner's events for the group's announcement."""
-        self.link.publish(self.topics.group_event(group), json.dumps(ev), 1, False)
+        self.link.publish(self.topics.group_event(group), json.dumps(ev))
 
     def error(self, group: str, topic: str, e: RequestError) -> None:
         log.warning("fleet %s: %s", topic, e)
@@ -133,8 +126,8 @@ class Groups:
 
     # ------------------------------------------------------------------ say
 
-    def _on_say(self, group: str, msg: FleetMessage) -> None:
-        req = parse_say(msg.payload, self.limits(), "mqtt", Timeline())
+    def _on_say(self, group: str, topic: str, payload: bytes) -> None:
+        req = parse_say(payload, self.limits(), "mqtt", Timeline())
         if req.id in self.seen:
             raise RequestError(f"duplicate request id {req.id!r}: already received, not "
                                "spoken twice", req.id)
@@ -148,22 +141,25 @@ class Groups:
 
     # ------------------------------------------------------------------ say/stream
 
-    def _on_stream(self, group: str, msg: FleetMessage) -> None:
-        piece = parse_stream_piece(msg.payload)
+    def _on_stream(self, group: str, topic: str, payload: bytes) -> None:
+        piece = parse_stream_piece(payload)
         if piece.id in self._owned:
-            self._take(group, msg.payload)
+            self._take(group, payload)
         elif piece.seq == 0:
             self._owned.add(piece.id)
-            self._take(group, msg.payload)
+            self._take(group, payload)
             for payload in self._held.pop(piece.id, []):
                 self._take(group, payload)
         elif piece.seq is None:
             raise RequestError("a group's say/stream needs seq (0, 1, ...): the member that "
                                "gets piece 0 speaks it", piece.id)
         else:
-            self.link.publish(self.topics.group_relay(group, piece.id), msg.payload, 1, False)
+            self.link.publish(self.topics.group_relay(group, piece.id), payload)
 
-    def _on_relayed(self, group: str, rid: str, payload: bytes) -> None:
+    def _on_relayed(self, group: str, topic: str, payload: bytes) -> None:
+        rid = self.topics.relayed_stream(group, topic)
+        if rid is None:
+            return
         if rid in self._owned:
             try:
                 self._take(group, payload)
@@ -192,8 +188,8 @@ class Groups:
 
     # ------------------------------------------------------------------ stop, events
 
-    def _on_stop(self, group: str, msg: FleetMessage) -> None:
-        rid = stop_target(msg.payload)
+    def _on_stop(self, group: str, topic: str, payload: bytes) -> None:
+        rid = stop_target(payload)
         owned = self.pool.stop_announcements(group, rid)
         cut = [j for j in self.receiver.jobs_of(group) if rid in (None, j)]
         for job in cut:
@@ -201,9 +197,9 @@ class Groups:
         log.info("fleet: group %s stop: %s", group, ", ".join(sorted({*owned, *cut}))
                  or "nothing was playing")
 
-    def _on_event(self, group: str, msg: FleetMessage) -> None:
+    def _on_event(self, group: str, topic: str, payload: bytes) -> None:
         try:
-            ev = json.loads(msg.payload)
+            ev = json.loads(payload)
         except ValueError:
             return
         if not isinstance(ev, dict) or not isinstance(ev.get("id"), str):

@@ -1,12 +1,15 @@
-"""A node's connection to the fleet: one paho client (``<mqtt.client_id>-fleet``, MQTT 5,
-clean start, session expiry 0), this node's retained presence with the last will saying
-``offline``, and the dispatch of every fleet message to the part that takes it.
+"""A node's one connection to the fleet: ``<mqtt.client_id>-fleet``, MQTT 5, clean start,
+session expiry 0, its retained presence with the ``offline`` last will, and the dispatch of
+every message to the part that subscribed to it (the worker, and on a node that plays, the
+pool and the receiver).
 
-Every part of a node's fleet role (the worker, the pool of jobs this node owns, the player of
-the audio addressed to it, its groups) shares this one connection: one client id per node, so
-no two connections of one node throw each other off the broker. Each part names the topics it
-takes (``handle``); paho's thread only hands messages to the event loop, where the parts see
-them in the order the broker sent them.
+A clean session that ends with the connection is what makes the share group fair: a node
+that is gone is out of it at once, so the broker gives jobs only to workers that are there,
+and nothing queues for a dead node. After a reconnect every subscription is made again
+(``Connection`` keeps them).
+
+paho's network thread only hands each message to the loop (``call_soon_threadsafe``); the
+handlers run on the loop and must not block it either.
 """
 
 from __future__ import annotations
@@ -14,114 +17,128 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as mqtt
 
 from ..fronts.mqtt.connection import Connection
 from ..settings import Settings
-from .messages import Presence
+from .messages import Presence, VoiceInfo
 from .topics import FleetTopics
 
 log = logging.getLogger(__name__)
 
-CLIENT_SUFFIX = "-fleet"  # the fleet connection's client id: mqtt.client_id + this
+FLEET_CLIENT_SUFFIX = "-fleet"  # the fleet connection's client id: mqtt.client_id + this
+QOS = 1  # every fleet message
+
+Handler = Callable[[str, bytes], None]  # (topic, payload), on the loop
 
 
-@dataclass(frozen=True)
-class FleetMessage:
-    topic: str
-    payload: bytes
-    retained: bool
-
-
-Handler = Callable[[FleetMessage], bool]  # True: taken (no other part sees it)
+def _plain(filter_: str) -> str:
+    """A subscription filter as the topics it matches are named (no ``$share/<group>/``)."""
+    if filter_.startswith("$share/"):
+        return filter_.split("/", 2)[2]
+    return filter_
 
 
 class FleetLink:
-    """The fleet connection of one node. ``presence()`` describes the node (its voices, slots
-    and groups): published, retained, on every connect and whenever ``announce`` is called."""
+    """The fleet connection of one node. Parts ``subscribe`` filters with a handler each
+    (a ``$share/...`` filter too) and ``publish``; what the node offers is in ``voices``,
+    ``slots`` and ``groups``, published as its presence (``publish_presence`` after a
+    change)."""
 
-    name = "fleet"
+    name = "fleet connection"
 
-    def __init__(self, settings: Settings, topics: FleetTopics,
-                 presence: Callable[[], Presence]) -> None:
+    def __init__(self, settings: Settings, version: str) -> None:
         self.settings = settings
-        self.topics = topics
-        self._presence = presence
-        self._handlers: list[Handler] = []
-        self._standing: list[str] = []  # subscribed on every connect
-        self._on_connect: list[Callable[[], None]] = []
-        self._conn: Connection | None = None
+        self.topics = FleetTopics.from_settings(settings)
+        self.version = version
+        self.voices: list[VoiceInfo] = []
+        self.slots = 0
+        self.groups: list[str] = list(settings.fleet.groups) if settings.node.plays else []
+        self.client_id = settings.client_id + FLEET_CLIENT_SUFFIX
+        self._handlers: dict[str, Handler] = {}
+        self._on_connected: list[Callable[[], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-
-    # ------------------------------------------------------------------ wiring (before start)
-
-    def handle(self, handler: Handler, *subscriptions: str) -> None:
-        """``handler`` sees every message no part before it took; ``subscriptions`` are held
-        for as long as the node runs."""
-        self._handlers.append(handler)
-        self._standing += [s for s in subscriptions if s not in self._standing]
-
-    def on_connect(self, fn: Callable[[], None]) -> None:
-        """``fn`` runs on the loop after every (re)connect, once presence is published."""
-        self._on_connect.append(fn)
+        self._conn: Connection | None = None
+        # Whether the message being handled now came with the retain flag (the fleet's
+        # command topics refuse such a message, as the device's do: daemon.fleet.groups).
+        self.retained = False
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
         s = self.settings
-        offline = Presence(state="offline", role=s.node.role).to_json()
-        self._conn = Connection("MQTT (fleet)", s.mqtt, s.mqtt.host, s.client_id + CLIENT_SUFFIX,
-                                lambda: list(self._standing), self._call, self._on_message,
-                                self._connected, (self.topics.node(), offline, 1, True),
+        self._loop = asyncio.get_running_loop()
+        will = (self.topics.node(), self.presence("offline").to_json(), QOS, True)
+        self._conn = Connection("MQTT (fleet)", s.mqtt, s.mqtt.host, self.client_id,
+                                list, self._call, self._on_message, self._connected, will,
                                 clean=True)
-        log.info("fleet: joining %s on %s:%d as %s (%s)", self.topics.base, s.mqtt.host,
-                 s.mqtt.port, self._conn.client_id, s.node.role)
+        self._conn.subscribe(*self._handlers)
+        log.info("fleet: connecting to %s:%d as %s (MQTT 5, clean session), fleet topic %s, "
+                 "role %s", s.mqtt.host, s.mqtt.port, self.client_id, self.topics.base,
+                 s.node.role)
         self._conn.start()
 
     async def stop(self) -> None:
-        """Say ``offline`` (briefly waiting for the broker to take it), then disconnect."""
+        """Say ``offline`` (waiting briefly for the broker to take it), then disconnect."""
         conn, self._conn = self._conn, None
         if conn is None:
             return
         if conn.connected:
-            offline = Presence(state="offline", role=self.settings.node.role).to_json()
-            info = conn.publish(self.topics.node(), offline, 1, True)
+            info = conn.publish(self.topics.node(), self.presence("offline").to_json(), QOS,
+                                True)
             try:
                 if info is not None:
                     await asyncio.to_thread(info.wait_for_publish, 2.0)
             except (RuntimeError, ValueError) as e:
-                log.warning("fleet: could not say offline before leaving: %s", e)
+                log.warning("fleet: could not publish offline before leaving: %s", e)
         await conn.stop()
+        log.info("fleet: disconnected")
 
     @property
     def connected(self) -> bool:
         return self._conn is not None and self._conn.connected
 
-    # ------------------------------------------------------------------ while running
+    def add_connected_listener(self, fn: Callable[[], None]) -> None:
+        """``fn()`` on the loop after every (re)connect, once the subscriptions are sent."""
+        self._on_connected.append(fn)
 
-    def publish(self, topic: str, payload: bytes | str, qos: int = 1,
-                retain: bool = False) -> mqtt.MQTTMessageInfo | None:
-        """Publish (QoS 1 waits in paho while the broker is away); None once stopped."""
-        return self._conn.publish(topic, payload, qos, retain) if self._conn else None
+    # ------------------------------------------------------------------ messages
 
-    def subscribe(self, *topics: str) -> None:
+    def subscribe(self, filter_: str, handler: Handler) -> None:
+        """Hand every message matching ``filter_`` to ``handler`` until ``unsubscribe``
+        (QoS 1; made again after a reconnect). Call on the loop."""
+        self._handlers[filter_] = handler
         if self._conn is not None:
-            self._conn.subscribe(*topics)
+            self._conn.subscribe(filter_)
 
-    def unsubscribe(self, *topics: str) -> None:
+    def unsubscribe(self, *filters: str) -> None:
+        for f in filters:
+            self._handlers.pop(f, None)
         if self._conn is not None:
-            self._conn.unsubscribe(*topics)
+            self._conn.unsubscribe(*filters)
 
-    def announce(self) -> None:
-        """Publish this node's presence again (its voices or groups changed)."""
-        if self.connected:
-            self.publish(self.topics.node(), self._presence().to_json(), 1, True)
+    def publish(self, topic: str, payload: bytes | str, retain: bool = False
+                ) -> mqtt.MQTTMessageInfo | None:
+        """QoS 1, from any thread; waits in paho while disconnected (dropped before
+        ``start`` and after ``stop``)."""
+        if self._conn is None:
+            return None
+        return self._conn.publish(topic, payload, QOS, retain)
 
-    # ------------------------------------------------------------------ paho thread -> loop
+    def presence(self, state: str = "online") -> Presence:
+        return Presence(state="online" if state == "online" else "offline",
+                        role=self.settings.node.role, version=self.version,
+                        voices=list(self.voices), slots=self.slots, groups=list(self.groups))
+
+    def publish_presence(self) -> None:
+        self.publish(self.topics.node(), self.presence().to_json(), retain=True)
+
+    # ------------------------------------------------------------------ paho thread
+
+    def _on_message(self, msg: mqtt.MQTTMessage) -> None:
+        self._call(self._dispatch, msg.topic, bytes(msg.payload), bool(msg.retain))
 
     def _call(self, fn: Any, *args: Any) -> None:
         loop = self._loop
@@ -132,23 +149,27 @@ class FleetLink:
         except RuntimeError:  # the loop closed under us: shutting down
             pass
 
-    def _on_message(self, msg: mqtt.MQTTMessage) -> None:
-        self._call(self._dispatch, FleetMessage(msg.topic, bytes(msg.payload), bool(msg.retain)))
-
-    def _dispatch(self, msg: FleetMessage) -> None:
-        for handler in self._handlers:
-            try:
-                if handler(msg):
-                    return
-            except Exception:
-                log.exception("fleet: handling a message on %s failed", msg.topic)
-                return
-        log.debug("fleet: nobody takes %s", msg.topic)
+    # ------------------------------------------------------------------ event loop
 
     def _connected(self) -> None:
-        self.announce()
-        for fn in self._on_connect:
+        self.publish_presence()
+        for fn in self._on_connected:
             try:
                 fn()
             except Exception:
-                log.exception("fleet: a part failed after the connect")
+                log.exception("fleet: a part failed after the connection came up")
+
+    def _dispatch(self, topic: str, payload: bytes, retained: bool = False) -> None:
+        self.retained = retained
+        handled = False
+        for filter_, handler in list(self._handlers.items()):
+            plain = _plain(filter_)
+            if plain == topic or ("+" in plain or "#" in plain) and mqtt.topic_matches_sub(
+                    plain, topic):
+                handled = True
+                try:
+                    handler(topic, payload)
+                except Exception:  # one part's bug must not stop the others' messages
+                    log.exception("fleet: handling a message on %s failed", topic)
+        if not handled:
+            log.debug("fleet: nothing subscribed to %s any more; dropped", topic)

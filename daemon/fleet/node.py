@@ -1,10 +1,11 @@
 """One herald's place in the fleet, built from ``node.role`` and ``[fleet]``: the fleet
 connection and presence (``link``), the view of the other nodes (``voices``), and the parts
-its role needs: the pool of the jobs it owns and the player of the audio addressed to it
-(``pool``, ``receiver``) when it has a speaker, and its announcement groups (``groups``).
+its role needs: the worker (``worker``) where there is a model; the pool of the jobs it owns
+and the player of the audio addressed to it (``pool``, ``receiver``) where there is a
+speaker; and its announcement groups (``groups``).
 
-It starts and stops as one part of the service; each part inside it answers for its own
-topics on the one connection.
+The service starts each part in its own error boundary (``parts``), the connection last, so
+every part has subscribed by the time the first message comes.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import __version__
 from ..fronts.mqtt.discovery import group_discovery_payload, group_discovery_topic
@@ -20,10 +21,8 @@ from ..request import Limits
 from ..settings import Settings
 from .groups import Groups
 from .link import FleetLink
-from .messages import Presence, VoiceInfo
 from .pool import Pool
 from .receiver import Receiver
-from .topics import FleetTopics
 from .voices import FleetVoices
 
 if TYPE_CHECKING:
@@ -33,67 +32,66 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class Part(Protocol):
+    name: str
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
 class FleetNode:
     """Made before the rest (a satellite's fronts resolve voices with ``voices``), wired to
-    them with ``attach``, then started."""
+    them with ``attach``, then started part by part."""
 
     name = "fleet"
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.topics = FleetTopics.from_settings(settings)
+        self.link = FleetLink(settings, __version__)
+        self.topics = self.link.topics
         self.voices = FleetVoices(self.topics, settings.voices.default)
-        # What this node offers to synthesize (a worker's part fills these in).
-        self.offered: Callable[[], list[VoiceInfo]] = list
-        self.slots: Callable[[], int] = lambda: 0
-        self.link = FleetLink(settings, self.topics, self.presence)
         self.voices.attach(self.link)
         self.front: MqttFront | None = None
         self.groups: Groups | None = None
+        self._parts: list[Part] = []
 
     def attach(self, ctx: Context, front: MqttFront | None) -> None:
         """Wire the parts this node's role needs to the service's context and MQTT front."""
         settings = self.settings
         self.ctx = ctx
         self.front = front
-        plays = settings.node.plays and ctx.scheduler.speaker is not None
-        self.receiver = Receiver(self.topics, settings.fleet,
-                                 ctx.scheduler if settings.node.plays else None)
-        self.receiver.attach(self.link)
-        self.pool = Pool(self.link, settings, self.voices, self.receiver, lambda: ctx.synthesis,
+        scheduler = ctx.scheduler
+        if settings.node.synthesizes:
+            from .worker import Worker
+
+            self._parts.append(Worker(settings, self.link, ctx, scheduler))
+        if not settings.node.plays:
+            self._parts.append(self.link)
+            return
+        receiver = Receiver(self.topics, settings.fleet, scheduler)
+        receiver.attach(self.link)
+        self.pool = Pool(self.link, settings, self.voices, receiver, lambda: ctx.synthesis,
                          self._device_event)
-        if settings.node.plays and settings.fleet.groups:
-            if not plays:
+        self._parts += [receiver, self.pool]
+        if settings.fleet.groups:
+            if scheduler.speaker is None:
                 log.warning("fleet: this node plays group(s) %s, but its speaker is off or "
                             "failed: it takes their announcements and plays none",
                             ", ".join(settings.fleet.groups))
-            self.groups = Groups(self.link, settings, self.pool, self.receiver,
+            self.groups = Groups(self.link, settings, self.pool, receiver,
                                  self._group_limits, self._call_later)
             self.groups.attach(self.link)
+            self._parts.append(self.groups)
         if front is not None:
             front.discovery_extra = self._discovery
             self.voices.add_listener(front.publish_discovery)
         if not settings.node.synthesizes:
-            ctx.scheduler.make_source = self.pool.source
+            scheduler.make_source = self.pool.source
+        self._parts.append(self.link)
 
-    def presence(self) -> Presence:
-        s = self.settings
-        return Presence(state="online", role=s.node.role, version=__version__,
-                        voices=self.offered(), slots=self.slots(),
-                        groups=list(s.fleet.groups) if self.groups is not None else [])
-
-    async def start(self) -> None:
-        await self.receiver.start()
-        if self.groups is not None:
-            await self.groups.start()
-        await self.link.start()
-
-    async def stop(self) -> None:
-        await self.pool.stop()
-        if self.groups is not None:
-            await self.groups.stop()
-        await self.receiver.stop()
-        await self.link.stop()
+    def parts(self) -> list[Part]:
+        """What to start, in order (and to stop in the reverse order)."""
+        return list(self._parts)
 
     # ------------------------------------------------------------------ what the parts need
 
@@ -114,7 +112,7 @@ class FleetNode:
 
     def _discovery(self) -> list[tuple[str, dict[str, Any]]]:
         """Home Assistant's notify entity of each group, the same from every member."""
-        if self.groups is None or self.front is None:
+        if self.groups is None:
             return []
         prefix = self.settings.mqtt.discovery.prefix
         out = []

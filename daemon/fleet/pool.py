@@ -41,7 +41,7 @@ from ..request import SEED_RANGE, Request, RequestError, failure
 from ..settings import Settings
 from ..utterance import skip_writing
 from .incoming import Incoming
-from .link import FleetLink, FleetMessage
+from .link import FleetLink
 from .messages import Cancel, Job, JobOptions, JobState, Resumed, TextPiece, decode
 from .receiver import Receiver
 from .topics import FleetTopics
@@ -73,7 +73,6 @@ class Pool:
         self.device_events = device_events
         self.jobs: dict[str, Supervisor] = {}
         self._announcements: dict[str, asyncio.Task[None]] = {}
-        link.handle(self._on_state)
 
     # ------------------------------------------------------------------ requests
 
@@ -126,6 +125,9 @@ class Pool:
                 stopped.append(rid)
         return stopped
 
+    async def start(self) -> None:
+        """Nothing to start: jobs come with requests."""
+
     async def stop(self) -> None:
         tasks = list(self._announcements.values())
         for task in tasks:
@@ -135,18 +137,15 @@ class Pool:
 
     # ------------------------------------------------------------------ the wire
 
-    def _on_state(self, msg: FleetMessage) -> bool:
-        job_id = self.topics.job_of(msg.topic, "state")
-        if job_id is None:
-            return False
-        sup = self.jobs.get(job_id)
-        state = decode(JobState, msg.payload, msg.topic)
+    def _on_state(self, topic: str, payload: bytes) -> None:
+        job_id = self.topics.job_of(topic, "state")
+        sup = self.jobs.get(job_id) if job_id is not None else None
+        state = decode(JobState, payload, topic)
         if sup is not None and state is not None and state.job == job_id:
             sup.on_state(state)
-        return True
 
     def publish(self, topic: str, payload: str) -> None:
-        self.link.publish(topic, payload, 1, False)
+        self.link.publish(topic, payload)
 
 
 class JobSource:
@@ -225,7 +224,7 @@ class Supervisor:
         done (after the incoming audio has been told so)."""
         pool, rid = self.pool, self.req.id
         pool.jobs[rid] = self
-        pool.link.subscribe(pool.topics.job_state(rid))
+        pool.link.subscribe(pool.topics.job_state(rid), pool._on_state)
         feeder = (asyncio.create_task(self._feed(), name=f"herald-fleet-text-{rid}")
                   if self.req.stream is not None else None)
         try:

@@ -25,7 +25,7 @@ from ..request import Request, RequestError
 from ..scheduler import Scheduler
 from ..settings.fleet import FleetSettings
 from .incoming import Incoming, IncomingSource
-from .link import FleetLink, FleetMessage
+from .link import FleetLink
 from .messages import AudioStart, AudioStop, decode
 from .topics import AudioTopic, FleetTopics
 
@@ -61,7 +61,8 @@ class Receiver:
         self._watch: asyncio.Task[None] | None = None
 
     def attach(self, link: FleetLink) -> None:
-        link.handle(self._on_message, *(FleetTopics.audio_filter(p) for p in self._prefixes))
+        for prefix in self._prefixes:
+            link.subscribe(FleetTopics.audio_filter(prefix), self._on_audio)
 
     async def start(self) -> None:
         self._watch = asyncio.create_task(self._watch_stalls(), name="herald-fleet-stalls")
@@ -126,32 +127,31 @@ class Receiver:
                 return where, group
         return None
 
-    def _on_message(self, msg: FleetMessage) -> bool:
-        found = self._where(msg.topic)
+    def _on_audio(self, topic: str, payload: bytes) -> None:
+        found = self._where(topic)
         if found is None:
-            return False
+            return
         where, group = found
         job_id = where.job
         job = self._jobs.get(job_id)
         if job is None:
             if job_id in self._ended or group is None:
                 log.debug("fleet: audio of job %s, not expected here: dropped", job_id)
-                return True
+                return
             job = self._jobs[job_id] = _Job(Incoming(job_id, group))
             job.holders.add("audio")  # until it starts playing, or stalls
         incoming = job.incoming
         if where.part == "chunk":
             assert where.seq is not None
-            incoming.chunk(where.seq, msg.payload)
+            incoming.chunk(where.seq, payload)
         elif where.part == "start":
-            start = decode(AudioStart, msg.payload, msg.topic)
+            start = decode(AudioStart, payload, topic)
             if start is not None and incoming.started(start) and group is not None:
                 self._play(job, start)
         else:
-            stop = decode(AudioStop, msg.payload, msg.topic)
+            stop = decode(AudioStop, payload, topic)
             if stop is not None:
                 incoming.stopped(stop)
-        return True
 
     def _play(self, job: _Job, start: AudioStart) -> None:
         """A group job's first start: play it here."""

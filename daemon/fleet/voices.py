@@ -18,7 +18,7 @@ from tts.options import DEFAULT_VOICE
 
 from ..request import RequestError
 from ..synthesis import pick_voice
-from .link import FleetLink, FleetMessage
+from .link import FleetLink
 from .messages import Presence, VoiceInfo, decode
 from .topics import FleetTopics
 
@@ -40,22 +40,22 @@ class FleetVoices:
         self._listeners: list[Callable[[], None]] = []
 
     def attach(self, link: FleetLink) -> None:
-        link.handle(self._on_message, self.topics.nodes)
+        link.subscribe(self.topics.nodes, self._on_presence)
 
     def add_listener(self, fn: Callable[[], None]) -> None:
         """``fn()`` after every change of a node's presence."""
         self._listeners.append(fn)
 
-    def _on_message(self, msg: FleetMessage) -> bool:
-        device = self.topics.node_id(msg.topic)
+    def _on_presence(self, topic: str, payload: bytes) -> None:
+        device = self.topics.node_id(topic)
         if device is None:
-            return False
-        if not msg.payload:  # a cleared presence: the node is gone for good
+            return
+        if not payload:  # a cleared presence: the node is gone for good
             changed = self.nodes.pop(device, None) is not None
         else:
-            presence = decode(Presence, msg.payload, msg.topic)
+            presence = decode(Presence, payload, topic)
             if presence is None:
-                return True
+                return
             changed = self.nodes.get(device) != presence
             self.nodes[device] = presence
             if changed:
@@ -67,7 +67,6 @@ class FleetVoices:
                     fn()
                 except Exception:
                     log.exception("fleet: a presence listener failed")
-        return True
 
     # ------------------------------------------------------------------ reading it
 
