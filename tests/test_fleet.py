@@ -285,6 +285,49 @@ def test_the_group_takes_plain_text_from_home_assistant(home: Home) -> None:
         assert wait_end(home, s, rid)["event"] == "finished"
 
 
+def test_a_group_stream_is_spoken_once_whoever_gets_its_pieces(home: Home) -> None:
+    """The share group deals a stream's pieces out to any member: the one that got piece 0
+    speaks it, and the others relay it the pieces they got."""
+    pieces = ["Attention please. ", "The shop closes ", "in ten minutes, ", "thank you."]
+    for seq, text in enumerate(pieces):
+        home.client.publish(f"{FLEET}/group/{GROUP}/say/stream", json.dumps(
+            {"id": "gs1", "seq": seq, "text": text, "final": seq == len(pieces) - 1}))
+        time.sleep(0.1)
+    assert wait_group_end(home, "gs1")["event"] == "finished"
+    assert kinds(group_events(home, "gs1")) == ["queued", "started", "finished"]
+    for s in SATELLITES:
+        assert wait_end(home, s, "gs1")["event"] == "finished"
+        assert kinds(events(home, s, "gs1")) == ["queued", "started", "finished"]
+    with home.client.cond:
+        relayed = [m for m in home.client.msgs
+                   if m.topic == f"{FLEET}/group/{GROUP}/stream/gs1"]
+    assert relayed, "every piece reached the owner itself: the relay was not exercised"
+
+
+def test_a_group_stop_stops_every_member(home: Home) -> None:
+    home.client.publish(f"{FLEET}/group/{GROUP}/say", json.dumps({"id": "gstop", "text": LONG}))
+    for s in SATELLITES:
+        home.client.wait(lambda ms, d=s: "started" in kinds(events(home, d, "gstop")), 60,
+                         f"{s} started")
+    home.client.publish(f"{FLEET}/group/{GROUP}/stop", "PRESS")
+    for s in SATELLITES:
+        assert wait_end(home, s, "gstop", 10)["event"] == "stopped"
+    assert wait_group_end(home, "gstop", 10)["event"] == "stopped"
+    home.client.wait(lambda ms: any(m.topic == f"{FLEET}/job/gstop/cancel" for m in ms), 5,
+                     "the owner's cancel")
+
+
+def test_retained_group_commands_are_refused(home: Home) -> None:
+    stop = f"{FLEET}/group/{GROUP}/stop"
+    home.client.publish(stop, "PRESS", retain=True)
+    try:
+        home.client.wait(lambda ms: any(
+            m.topic == f"{FLEET}/group/{GROUP}/event" and "retained command refused"
+            in m.json().get("error", "") for m in ms), 10, "the refusal")
+    finally:
+        home.client.publish(stop, b"", retain=True)  # clear it
+
+
 # --------------------------------------------------------------------------- a worker dies
 
 

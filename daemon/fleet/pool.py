@@ -73,6 +73,12 @@ class Pool:
         self.device_events = device_events
         self.jobs: dict[str, Supervisor] = {}
         self._announcements: dict[str, asyncio.Task[None]] = {}
+        # A worker's last will is news to every job it holds: no need to wait for dead_after.
+        voices.add_listener(self._presence_changed)
+
+    def _presence_changed(self) -> None:
+        for sup in self.jobs.values():
+            sup.wake()
 
     # ------------------------------------------------------------------ requests
 
@@ -240,7 +246,8 @@ class Supervisor:
                 if not self.claimed:
                     if now >= self.deadline:
                         self._send_again()
-                elif now - max(self.heard, self.incoming.heard) > self.dead_after:
+                elif (now - max(self.heard, self.incoming.heard) > self.dead_after
+                      or self.worker is not None and self.pool.voices.gone(self.worker)):
                     self._worker_lost()
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
@@ -285,10 +292,15 @@ class Supervisor:
             raise RequestError(f"{why}: start one, see README", self.req.id, "unavailable")
         self._send()
 
+    def wake(self) -> None:
+        self._wake.set()
+
     def _worker_lost(self) -> None:
         lost, skip = self.worker or "?", self.incoming.received
-        log.warning("fleet: job %s: worker %s silent for %.1f s (fleet.dead_after): sending "
-                    "it again from chunk %d", self.req.id, lost, self.dead_after, skip)
+        why = ("went offline" if self.pool.voices.gone(lost) else
+               f"silent for {self.dead_after:g} s (fleet.dead_after)")
+        log.warning("fleet: job %s: worker %s %s: sending it again from chunk %d", self.req.id,
+                    lost, why, skip)
         self._cancel(self.attempt)
         self.lost = (lost, skip)
         self._send_again()

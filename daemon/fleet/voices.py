@@ -75,6 +75,11 @@ class FleetVoices:
         return {d: p for d, p in sorted(self.nodes.items())
                 if p.state == "online" and p.role in WORKER_ROLES and p.voices}
 
+    def gone(self, device: str) -> bool:
+        """The node said ``offline`` (its last will, when the broker lost it)."""
+        presence = self.nodes.get(device)
+        return presence is not None and presence.state == "offline"
+
     def members(self, group: str) -> list[str]:
         """The nodes that play ``group``, online or not (their presence says so)."""
         return sorted(d for d, p in self.nodes.items() if group in p.groups)
