@@ -289,7 +289,8 @@ class Supervisor:
             why = (f"every herald worker was busy ({self.attempts} sends)" if self.busy
                    else f"no herald worker answered on {self.pool.topics.jobs} "
                         f"({self.attempts} sends, fleet.attempts)")
-            raise RequestError(f"{why}: start one, see README", self.req.id, "unavailable")
+            raise RequestError(f"{why}: start one, see README, \"A fleet\"", self.req.id,
+                               "unavailable")
         self._send()
 
     def wake(self) -> None:

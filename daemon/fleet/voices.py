@@ -26,8 +26,7 @@ log = logging.getLogger(__name__)
 
 WORKER_ROLES = ("worker", "all")
 NO_WORKER = ("no herald worker is online in the fleet ({topic}): start one (node.role = "
-             "\"worker\" on a machine with the voices; see README, \"A home with several "
-             "heralds\")")
+             "\"worker\" on a machine with the voices; see README, \"A fleet\")")
 
 
 class FleetVoices:
