@@ -250,9 +250,6 @@ class Request:
     client: ClientSink | None = None
     # Audio made elsewhere to play instead of synthesizing ``text`` here (``AudioSource``).
     source: AudioSource | None = None
-    # Wall clock (Unix seconds) the audio's first sample is due on the speaker: several
-    # speakers playing one announcement start together. None: as soon as it can.
-    play_at: float | None = None
     # The defaults this request is synthesized on instead of the configured [synthesis]
     # ones: a fleet job carries its owner's gain and sentence pause (daemon.fleet.worker).
     defaults: SynthesisOptions | None = None

@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pytest
 from audio_checks import assert_pcm_close, assert_speech, pcm16
 
@@ -28,7 +27,7 @@ from daemon.request import NOTHING_TO_SAY, Request, RequestError, TextStream
 from daemon.scheduler import Scheduler
 from daemon.settings import SchedulerSettings
 from daemon.sinks.speaker import PlaybackStats
-from tts import AudioChunk, AudioFormat, SynthesisOptions, UnknownVoice
+from tts import AudioFormat, SynthesisOptions, UnknownVoice
 from tts.compose import Say, Silence, Step
 
 
