@@ -23,7 +23,9 @@ Then, for 1 and 2 workers:
 * **the broker's fan-out**: Mosquitto's CPU time (``/proc/<pid>/schedstat``, to the
   nanosecond; ``/proc/<pid>/stat`` agrees at its 10 ms resolution) and what it delivered
   (its ``$SYS`` counters) per announcement, without this benchmark's own subscription and
-  without what it does while idle;
+  without what it does while idle; beside it, the CPU time (``/proc/<pid>/stat``) the
+  workers and each member spent on it (all on one host here: the members' time is taken
+  from the workers' cores);
 * **jobs per second**: k satellites each send the short command at once; jobs done per
   second (until the last worker's latency record), the first audio at each satellite, jobs
   refused (the workers' ``fleet.slots`` as configured, herald's default unless ``--slots``);
@@ -66,7 +68,7 @@ from typing import Any
 from bench.engine import COOL_DOWN, LONG, SHORT
 from bench.fleet_probe import Counters, Probe, Received
 from bench.fleet_report import print_report
-from bench.fleet_rig import FLEET, Node, Rig
+from bench.fleet_rig import FLEET, Node, Rig, cpu_seconds
 from bench.listening import played
 from daemon.fleet.topics import FleetTopics
 from daemon.topics import Topics
@@ -199,16 +201,21 @@ def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @contextmanager
-def broker_cost(fl: Fleet, idle: dict[str, float], out: dict[str, Any], count: int
-                ) -> Iterator[None]:
-    """What Mosquitto spent and delivered in the block, per announcement (``count``), without
-    this benchmark's own subscription and without its idle cost (``idle``: per second)."""
+def fanout_cost(fl: Fleet, idle: dict[str, float], out: dict[str, Any], members: list[str],
+                count: int) -> Iterator[None]:
+    """What the block cost, per announcement (``count``): Mosquitto's CPU time and what it
+    delivered, without this benchmark's own subscription and without its idle cost
+    (``idle``: per second); the workers' CPU time, and each member's (``members``)."""
+    nodes = [*fl.workers, *members]
     c0, r0 = fl.probe.snapshot()
     cpu0, ticks0 = fl.rig.broker_cpu()
+    nodes0 = {d: cpu_seconds(fl.node(d).proc.pid)[1] for d in nodes}
     yield
     time.sleep(0.3)  # the last states and statuses are on their way
     c1, r1 = fl.probe.snapshot()
     cpu1, ticks1 = fl.rig.broker_cpu()
+    spent = {d: (cpu_seconds(fl.node(d).proc.pid)[1] - nodes0[d]) * 1000 / count
+             for d in nodes}
     seconds = c1.at - c0.at
     delivered = delivery(c0, c1, r0, r1)
     out |= {
@@ -218,6 +225,9 @@ def broker_cost(fl: Fleet, idle: dict[str, float], out: dict[str, Any], count: i
         "payload_kb": round((delivered["payload_bytes"] - idle["payload_bytes"] * seconds)
                             / count / 1000, 1),
         "kb": round((delivered["bytes"] - idle["bytes"] * seconds) / count / 1000, 1),
+        "worker_cpu_ms": round(sum(spent[w] for w in fl.workers), 1),
+        "satellite_cpu_ms": med([spent[m] for m in members]),
+        "satellite_cpu_max_ms": round(max(spent[m] for m in members), 1),
     }
 
 
@@ -246,7 +256,7 @@ def latency_level(fl: Fleet, n: int, repeats: int, idle: dict[str, float]
     for label, text in TEXTS.items():
         rounds: list[dict[str, Any]] = []
         cost: dict[str, Any] = {"workers": len(fl.workers), "satellites": n, "text": label}
-        with broker_cost(fl, idle, cost, repeats):
+        with fanout_cost(fl, idle, cost, fl.satellites[:n], repeats):
             for _ in range(repeats):
                 time.sleep(COOL_DOWN)
                 rounds.append(announcement(fl, n, text))
@@ -439,8 +449,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2],
                     help="worker counts to measure, each one core (default: 1 2)")
@@ -470,6 +480,11 @@ def main() -> int:
                          "herald's default, twice the engine's workers)")
     ap.add_argument("--keep", action="store_true", help="keep the logs and configs")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    return ap
+
+
+def main() -> int:
+    ap = parser()
     a = ap.parse_args()
     if any(n < 1 for n in a.satellites) or any(w not in (1, 2, 3, 4) for w in a.workers):
         ap.error("--satellites must be >= 1, --workers between 1 and 4")

@@ -33,15 +33,17 @@ def print_report(r: dict[str, Any]) -> None:
     print("(audio at satellite, playback start: median / slowest satellite; skew: members' "
           "start_skew_ms, spread: latest - earliest)")
 
-    print("\nbroker fan-out per announcement (Mosquitto, without the benchmark's own "
-          "subscription and its idle cost)")
+    print("\nfan-out per announcement: Mosquitto (without the benchmark's own subscription "
+          "and its idle cost), the workers, each member")
     head = (f"{'w':>1} {'n':>3} {'text':5} {'chunks':>6} {'CPU ms':>7} {'messages':>8} "
-            f"{'payload kB':>10} {'wire kB':>8}")
+            f"{'payload kB':>10} {'wire kB':>8} {'worker CPU ms':>13} "
+            f"{'member CPU ms med/max':>21}")
     print(head + "\n" + "-" * len(head))
     for x in r["fanout"]:
         print(f"{x['workers']:>1} {x['satellites']:>3} {x['text']:5} {x['audio_chunks']:>6.0f} "
               f"{x['broker_cpu_ms']:>7.2f} {x['messages']:>8.1f} {x['payload_kb']:>10.1f} "
-              f"{x['kb']:>8.1f}")
+              f"{x['kb']:>8.1f} {x['worker_cpu_ms']:>13.0f} "
+              f"{x['satellite_cpu_ms']:>12.0f} / {x['satellite_cpu_max_ms']:<6.0f}")
     idle = r["broker_idle"]
     print(f"(idle, subtracted: {idle['cpu'] * 1000:.2f} ms CPU/s, {idle['messages']:.1f} "
           "messages/s)")
