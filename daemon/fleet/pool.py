@@ -17,7 +17,7 @@ attempt, so the rules below hold on any MQTT 5 broker, whatever it redelivers:
 
 Streamed text (``say/stream``) goes on ``F/job/<job>/text`` from the offset the claim names.
 Stopping the request cancels the job. ``JobSource`` is a device request's audio source
-(``daemon.request.AudioSource``); a group announcement (``announce``) is a job of its own,
+(``daemon.synthesis.AudioSource``); a group announcement (``announce``) is a job of its own,
 which every member plays from the group's audio (``daemon.fleet.receiver``).
 """
 
