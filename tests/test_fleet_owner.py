@@ -8,7 +8,6 @@ speaker on ALSA's file plugin.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,12 +15,11 @@ from typing import Any
 
 import pytest
 from audio_checks import assert_pcm_close, assert_speech, pcm16, reference_pcm
-from conftest import AlsaFile, Broker, alsa_file_env
+from conftest import AlsaFile, Broker, alsa_file_env, start_broker
 from herald_process import HeraldProcess, herald_env, start_herald
 from mqtt_client import BASE, DEVICE, Client
 from protocol_worker import FLEET, Behaviour, ProtocolWorker
 
-from bench.net import free_port
 from tts import SynthesisOptions
 
 TEXT = "The laundry is done. Please take it out of the machine."
@@ -36,10 +34,7 @@ class Satellite(HeraldProcess):
 @pytest.fixture(scope="module")
 def satellite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Satellite]:
     tmp = tmp_path_factory.mktemp("fleet-owner")
-    workdir = tmp / "broker"
-    workdir.mkdir()
-    broker = Broker(free_port(), workdir)
-    broker.start()
+    broker = start_broker(tmp / "broker")
     alsa = alsa_file_env(tmp / "alsa")
     config = tmp / "herald.toml"
     config.write_text(f"""
@@ -59,17 +54,12 @@ attempts = 3
     watcher = Client(broker.port)
     try:
         watcher.wait_online()
-    except BaseException:
-        sat.kill()
-        print(sat.output())
-        raise
+        yield sat
     finally:
         watcher.close()
-    yield sat
-    sat.kill()
-    broker.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
-    print(sat.output()[-5000:])
+        sat.kill()
+        broker.stop()
+        print(sat.output()[-5000:])
 
 
 @pytest.fixture

@@ -119,6 +119,8 @@ class Pool:
         except asyncio.CancelledError:
             events({"event": "stopped", "id": rid})
             raise
+        finally:
+            self.receiver.release(rid)  # this member's playback holds it as long as it needs
         events({"event": "finished", "id": rid})
 
     def stop_announcements(self, group: str, job_id: str | None = None) -> list[str]:
@@ -181,6 +183,7 @@ class JobSource:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError, RequestError):
                 await task
+            pool.receiver.release(req.id)  # once all of it is read, not when it has come
 
 
 class Supervisor:
@@ -263,7 +266,6 @@ class Supervisor:
             pool.link.unsubscribe(pool.topics.job_state(rid))
             if pool.jobs.get(rid) is self:
                 del pool.jobs[rid]
-            pool.receiver.release(rid)
 
     def _send(self) -> None:
         pool, req = self.pool, self.req
