@@ -283,6 +283,18 @@ def test_skip_chunks_resumes_with_the_same_chunks(fleet: Fleet) -> None:
     assert topics[0] == "start" and topics[1] == f"chunk/{k}" and topics[-1] == "stop"
 
 
+def test_a_group_job_says_when_to_play(fleet: Fleet) -> None:
+    """``sync``: ``start`` carries ``play_at``, ``fleet.sync_delay`` (0.4 s) after it went
+    out with the first chunk, so every member of the group starts at that moment."""
+    owner, prefix = fleet.owner, f"{SOLO}/group/downstairs/audio"
+    owner.send(job("together", SHORT, prefix, sync=True), SOLO)
+    start, chunks, stop = owner.wait_audio(prefix, "together")
+    received = next(m.at for m in owner.audio(prefix, "together") if m.topic.endswith("/start"))
+    assert start["play_at"] is not None and 0.1 < start["play_at"] - received <= 0.4, (
+        start["play_at"] - received)
+    assert stop["outcome"] == "finished" and sorted(chunks) == list(range(stop["chunks"]))
+
+
 def test_a_duplicate_delivery_is_ignored(fleet: Fleet) -> None:
     owner, prefix = fleet.owner, device_audio(SOLO)
     copy = job("twice", SHORT, prefix)
