@@ -199,9 +199,8 @@ def test_busy_workers_make_the_owner_send_again(client: Client, satellite: Satel
                                                 workers: list[ProtocolWorker]) -> None:
     busy = add(workers, satellite, synth, "w-busy", client, busy=True)
     good = add(workers, satellite, synth, "w-good", client)
-    for i in range(4):  # the broker deals jobs out in turn: some land on the busy one
+    for i in range(3):  # the broker deals the sends out in turn: some land on the busy one
         client.say(id=f"b{i}", text="Busy or not.", sinks=["mqtt"])
-    for i in range(4):
         assert client.wait_event(f"b{i}")["event"] == "finished"
     refused = {(j, a) for j, a, s in busy.seen.states if s == "busy"}
     assert refused, "no job reached the busy worker"
