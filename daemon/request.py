@@ -214,10 +214,14 @@ class Request:
     # The client connection that waits for the audio (an HTTP response, a Wyoming client):
     # a sink of this job alone, next to the named ``sinks``.
     client: ClientSink | None = None
+    # The defaults this request is synthesized on instead of the configured [synthesis]
+    # ones: a fleet job carries its owner's gain and sentence pause (daemon.fleet.worker).
+    defaults: SynthesisOptions | None = None
 
     def options(self, base: SynthesisOptions) -> SynthesisOptions:
         """This request's synthesis options on top of the configured defaults (only the
         fields a request can set are replaced; the rest, pauses included, stay configured)."""
+        base = self.defaults or base
         return replace(
             base,
             length_scale=self.rate if self.rate is not None else base.length_scale,

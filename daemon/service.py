@@ -140,6 +140,7 @@ class Service:
         self.scheduler: Scheduler | None = None
         self.mqtt: Any = None
         self.wyoming: Any = None
+        self.fleet: Any = None  # daemon.fleet.link.FleetLink on a fleet node
         self.voices: VoiceWatch | None = None
         self._stop = asyncio.Event()
         self._reloading: asyncio.Task[None] | None = None
@@ -267,7 +268,7 @@ class Service:
         engine.keep_warm()
 
         speaker = None
-        if s.speaker.enabled:
+        if s.speaker.enabled and s.node.plays:
             from .sinks.speaker import SpeakerSink
 
             candidate = SpeakerSink(s.speaker.model_copy(update={"volume": state.volume}),
@@ -289,6 +290,8 @@ class Service:
 
         if s.mqtt.enabled:
             await self._start_mqtt()
+        if s.fleet.enabled:
+            await self._start_fleet()
         if s.wyoming.enabled:
             from .fronts.wyoming import WyomingFront
 
@@ -322,6 +325,20 @@ class Service:
             self.mqtt = front
             assert self.voices is not None  # Home Assistant's Voice select follows
             self.voices.add_listener(lambda changes: front.publish_discovery())
+
+    async def _start_fleet(self) -> None:
+        """The fleet connection, and what this node does in the fleet (each part in its own
+        error boundary: a worker that fails to start leaves the rest serving)."""
+        from .fleet.link import FleetLink
+
+        assert self.ctx is not None and self.scheduler is not None
+        link = FleetLink(self.settings, __version__)
+        if self.settings.node.synthesizes:
+            from .fleet.worker import Worker
+
+            await self._start_part(Worker(self.settings, link, self.ctx, self.scheduler))
+        if await self._start_part(link):
+            self.fleet = link
 
     async def _start_part(self, part: Part) -> bool:
         """Start one part inside its own error boundary; False (logged) if it failed."""

@@ -203,3 +203,26 @@ def test_example_config_lists_every_key() -> None:
     assert keys - present == set(), "missing from config/herald.toml"
     assert present - keys == set(), "config/herald.toml has keys the settings don't know"
     assert keys - explained == set(), "keys without an explaining comment"
+
+
+def test_fleet_roles_and_their_broker() -> None:
+    """A worker or satellite is a fleet node; a fleet node needs an external MQTT 5 broker,
+    and the error says which key to set and why."""
+    s = load_settings(None, ["node.role=worker", "mqtt.host=broker.lan"], {})
+    assert s.fleet.enabled and not s.node.plays and s.node.synthesizes
+    s = load_settings(None, ["node.role=Satellite", "mqtt.host=broker.lan"], {})
+    assert s.fleet.enabled and s.node.plays and not s.node.synthesizes
+    s = load_settings(None, [], {})
+    assert s.node.role == "all" and not s.fleet.enabled
+    with pytest.raises(ConfigError, match=r"^mqtt\.host: .*embedded broker speaks MQTT 3\.1\.1"):
+        load_settings(None, ["node.role=worker"], {})
+    with pytest.raises(ConfigError, match=r'^mqtt\.protocol: .*set mqtt\.protocol = "5"'):
+        load_settings(None, ["fleet.enabled=true", "mqtt.host=b", "mqtt.protocol=3.1.1"], {})
+    with pytest.raises(ConfigError, match=r"^fleet\.topic: .*base topic"):
+        load_settings(None, ["fleet.enabled=true", "mqtt.host=b", "device_id=hall",
+                             "fleet.topic=herald/hall/fleet"], {})
+    for bad in ('fleet.groups=["down stairs"]', 'fleet.groups=["a/b"]', "fleet.topic=a/+",
+                "fleet.share_group=a/b", "node.role=speaker"):
+        key = bad.split("=")[0]
+        with pytest.raises(ConfigError, match=rf"^{re.escape(key)}"):
+            load_settings(None, [bad], {})

@@ -10,6 +10,7 @@ in ``--set`` or in ``HERALD_…`` variable names are errors too, because a typo 
 otherwise be silently ignored.
 """
 
+from .fleet import FleetSettings, NodeSettings, Role
 from .http import HttpSettings
 from .loading import CONFIG_LOCATIONS, find_config, load_settings, parse_overrides, read_toml
 from .model import ENV_PREFIX, Settings
@@ -28,8 +29,9 @@ from .sections import (
 )
 from .wyoming import WyomingSettings
 
-__all__ = ["CONFIG_LOCATIONS", "ENV_PREFIX", "ConfigError", "DiscoverySettings", "HermesSettings",
-           "HttpSettings", "MqttAudioSettings", "MqttSettings", "SchedulerSettings", "Settings",
+__all__ = ["CONFIG_LOCATIONS", "ENV_PREFIX", "ConfigError", "DiscoverySettings", "FleetSettings",
+           "HermesSettings", "HttpSettings", "MqttAudioSettings", "MqttSettings", "NodeSettings",
+           "Role", "SchedulerSettings", "Settings",
            "StateSettings", "SynthesisSettings", "TlsSettings", "VoicesSettings",
            "WyomingSettings", "find_config", "hostname_device_id", "load_settings",
            "parse_overrides", "read_toml"]

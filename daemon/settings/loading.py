@@ -219,6 +219,8 @@ def load_settings(config_path: Path | None = None, overrides: list[str] | None =
         detail = ", ".join(s for s in (f"got {got!r}" if not isinstance(got, dict) else "",
                                        origin) if s)
         more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+        if not err["loc"]:  # a check across sections: its message names the keys
+            raise ConfigError(msg + more) from None
         raise ConfigError(f"{key}: {msg}" + (f" ({detail})" if detail else "") + more) from None
     finally:
         loading_context.reset(token)

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import (
     Field,
     field_validator,
+    model_validator,
 )
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
@@ -21,6 +22,7 @@ from pydantic_settings import (
 
 from ..sinks.speaker import SpeakerSettings
 from ..topics import Topics
+from .fleet import FleetSettings, NodeSettings, fleet_problem
 from .http import HttpSettings
 from .sections import (
     DEVICE_ID_RE,
@@ -50,6 +52,8 @@ class Settings(BaseSettings):
     wyoming: WyomingSettings = Field(default_factory=WyomingSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     state: StateSettings = Field(default_factory=StateSettings)
+    node: NodeSettings = Field(default_factory=NodeSettings)
+    fleet: FleetSettings = Field(default_factory=FleetSettings)
 
     @field_validator("device_id")
     @classmethod
@@ -62,6 +66,17 @@ class Settings(BaseSettings):
     @classmethod
     def _upper(cls, v: Any) -> Any:
         return v.upper() if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _fleet(self) -> Settings:
+        """A worker or a satellite is a fleet node; a fleet node needs what the fleet needs."""
+        if self.node.role != "all" and not self.fleet.enabled:
+            self.fleet = self.fleet.model_copy(update={"enabled": True})
+        problem = fleet_problem(self.node.role, self.fleet, self.mqtt.enabled, self.mqtt.host,
+                                self.mqtt.protocol, self.base_topic)
+        if problem:
+            raise ValueError(problem)
+        return self
 
     @property
     def base_topic(self) -> str:

@@ -8,6 +8,9 @@ With ``format = "opus"`` each piece goes through an Ogg Opus encoder (``tts.code
 chunk carries the Ogg pages that piece completed: the chunks joined in order are one Ogg
 Opus file, and a subscriber can decode as they arrive. The encoding runs on one thread of
 the sink's own, in order, so neither the event loop nor paho's network thread waits for it.
+
+A fleet worker's audio (``daemon.fleet.audio``) is this same stream on a job's topics: it
+overrides where the start, the chunks and the stop go, and when.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import json
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from tts import AudioFormat
 from tts.codec import Encoder, encoder
@@ -29,15 +32,38 @@ log = logging.getLogger(__name__)
 Publish = Callable[[str, bytes | str, int, bool], object]
 
 
-class MqttAudioStream:
-    """One utterance's audio on its topics. ``write`` PCM as it comes, then ``close``."""
+class AudioOut(Protocol):
+    """What a stream needs from its sink: the audio settings, publishing, the encoder's
+    thread."""
 
-    def __init__(self, sink: MqttAudioSink, request_id: str, fmt: AudioFormat) -> None:
+    settings: MqttAudioSettings
+
+    def send(self, topic: str, payload: bytes | str) -> None: ...
+    def encode(self, work: Callable[[Any], None], arg: Any) -> None: ...
+
+
+class AudioTopics(Protocol):
+    """Where one stream's start, chunks and stop go (``daemon.topics.Topics`` is one)."""
+
+    def audio_start(self, request_id: str) -> str: ...
+    def audio_chunk(self, request_id: str, seq: int) -> str: ...
+    def audio_stop(self, request_id: str) -> str: ...
+
+
+class MqttAudioStream:
+    """One utterance's audio on its topics. ``write`` PCM as it comes, then ``close``.
+    Chunks are ``chunk_ms`` long (the sink's setting unless given), numbered from 0."""
+
+    def __init__(self, sink: AudioOut, request_id: str, fmt: AudioFormat,
+                 topics: AudioTopics, chunk_ms: int | None = None) -> None:
         self.sink = sink
         self.request_id = request_id
         self.fmt = fmt
+        self.topics = topics
         frame = fmt.width * fmt.channels
-        self.chunk_bytes = max(1, round(fmt.rate * sink.settings.chunk_ms / 1000)) * frame
+        self.chunk_samples = max(1, round(fmt.rate * (chunk_ms or sink.settings.chunk_ms)
+                                          / 1000))
+        self.chunk_bytes = self.chunk_samples * frame
         self._pending = bytearray()
         self.chunks = 0
         self.closed = False
@@ -49,7 +75,7 @@ class MqttAudioStream:
             start = {"format": self.encoder.format, "content_type": self.encoder.content_type,
                      "rate": out.rate, "channels": out.channels}
         self._pcm_samples = 0
-        sink.send(sink.topics.audio_start(request_id), json.dumps(start))
+        self._start(start)
 
     @property
     def samples(self) -> int:
@@ -98,12 +124,20 @@ class MqttAudioStream:
         finally:
             self._stop(outcome)
 
+    # Where and when each part goes (a fleet job's stream overrides these):
+
+    def _start(self, start: dict[str, Any]) -> None:
+        self.sink.send(self.topics.audio_start(self.request_id), json.dumps(start))
+
     def _stop(self, outcome: str) -> None:
         stop = {"chunks": self.chunks, "samples": self.samples, "outcome": outcome}
-        self.sink.send(self.sink.topics.audio_stop(self.request_id), json.dumps(stop))
+        self.sink.send(self.topics.audio_stop(self.request_id), json.dumps(stop))
+
+    def _chunk(self, seq: int, data: bytes) -> None:
+        self.sink.send(self.topics.audio_chunk(self.request_id, seq), data)
 
     def _send(self, data: bytes) -> None:
-        self.sink.send(self.sink.topics.audio_chunk(self.request_id, self.chunks), data)
+        self._chunk(self.chunks, data)
         self.chunks += 1
 
 
@@ -117,7 +151,7 @@ class MqttAudioSink:
         self._encoding: ThreadPoolExecutor | None = None
 
     def open(self, request_id: str, fmt: AudioFormat) -> MqttAudioStream:
-        return MqttAudioStream(self, request_id, fmt)
+        return MqttAudioStream(self, request_id, fmt, self.topics)
 
     def send(self, topic: str, payload: bytes | str) -> None:
         self.publish(topic, payload, self.settings.qos, self.settings.retain)

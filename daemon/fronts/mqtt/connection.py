@@ -8,6 +8,12 @@ alone. Everything here holds for both, so both behave the same towards the broke
 paho runs each client's network loop in a thread of its own (``loop_start``). Its callbacks
 do nothing but hand what happened to the asyncio loop (``call``); subscribing and logging
 the connection happen there.
+
+A fleet node (``daemon.fleet``) opens one more, ``clean``: a new session on every connect
+that ends with the connection (session expiry 0), so a node that is gone leaves its share
+groups at once and nothing queues for it. Its per-job topics come and go while it runs
+(``subscribe``/``unsubscribe``); a ``$share/<group>/<topic>`` filter is subscribed like any
+other, and the broker gives each message on it to one member of the group.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from ...settings import MqttSettings
+from ...topics import check_publish_topic
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +44,15 @@ class Connection:
     """A paho client for one client id. ``label`` starts its log lines (which connection);
     ``call`` runs a function on the event loop from any thread; ``on_message`` runs in
     paho's network thread for every message; ``on_connected`` on the loop after every
-    (re)connect, once the subscriptions (``topics()``) are sent."""
+    (re)connect, once the subscriptions (``topics()``, and those added with ``subscribe``)
+    are sent. ``clean``: a clean start with session expiry 0 (MQTT 5) instead of the
+    persistent session."""
 
     def __init__(self, label: str, settings: MqttSettings, host: str, client_id: str,
                  topics: Callable[[], list[str]], call: Callable[..., None],
                  on_message: Callable[[mqtt.MQTTMessage], None],
                  on_connected: Callable[[], None] | None = None,
-                 will: Will | None = None) -> None:
+                 will: Will | None = None, clean: bool = False) -> None:
         self.label = label
         self.settings = settings
         self.host = host
@@ -55,6 +64,8 @@ class Connection:
         self._on_message = on_message
         self._on_connected = on_connected
         self._will = will
+        self.clean = clean
+        self._runtime: dict[str, None] = {}  # subscribed with subscribe(), in order
         self._stopping = False
         self._was_connected = False
         self._connect_failures = 0
@@ -68,7 +79,7 @@ class Connection:
         v5 = s.protocol == "5"
         client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
                              protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
-                             clean_session=None if v5 else False)
+                             clean_session=None if v5 else self.clean)
         if self._will is not None:
             client.will_set(*self._will)
         if s.username:
@@ -86,13 +97,40 @@ class Connection:
         client.on_message = lambda c, u, msg: self._on_message(msg)
         if v5:
             props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-            props.SessionExpiryInterval = s.session_expiry
-            client.connect_async(self.host, s.port, s.keepalive, clean_start=False,
+            props.SessionExpiryInterval = 0 if self.clean else s.session_expiry
+            client.connect_async(self.host, s.port, s.keepalive, clean_start=self.clean,
                                  properties=props)
         else:
             client.connect_async(self.host, s.port, s.keepalive)
         self.client = client
         client.loop_start()
+
+    def subscribe(self, *topics: str) -> None:
+        """Subscribe to ``topics`` now (if connected) and after every reconnect, until
+        ``unsubscribe``. Call on the event loop; paho only queues the packet."""
+        new = [t for t in topics if t not in self._runtime]
+        for t in new:
+            self._runtime[t] = None
+        if new and self.connected and self.client is not None:
+            self._send_subscribe(self.client, new)
+
+    def unsubscribe(self, *topics: str) -> None:
+        """Undo ``subscribe`` for ``topics``."""
+        gone = [t for t in topics if t in self._runtime]
+        for t in gone:
+            del self._runtime[t]
+        if gone and self.connected and self.client is not None:
+            self.client.unsubscribe(gone)
+
+    def publish(self, topic: str, payload: bytes | str, qos: int = 1,
+                retain: bool = False) -> mqtt.MQTTMessageInfo | None:
+        """Publish from any thread (checked topic); QoS >= 1 waits in paho while
+        disconnected. None before ``start`` and after ``stop``."""
+        check_publish_topic(topic)
+        client = self.client
+        if client is None:
+            return None
+        return client.publish(topic, payload, qos, retain)
 
     async def stop(self) -> None:
         """Disconnect and stop paho's thread (``publish`` what must go out before this)."""
@@ -161,18 +199,35 @@ class Connection:
                  self.settings.port, self.client_id, "resumed" if session_present else "new",
                  ", again" if self._was_connected else "")
         self._was_connected = True
-        topics = self._topics()
+        topics = list(dict.fromkeys([*self._topics(), *self._runtime]))
+        if topics:
+            self._send_subscribe(client, topics)
+        if self._on_connected is not None:
+            self._on_connected()
+
+
+    def _send_subscribe(self, client: mqtt.Client, topics: list[str]) -> None:
         if self.settings.protocol == "5":
             # Retain As Published: a retained command keeps its flag live and when queued in
             # the session, so it is refused like the stored copy; Retain Handling 1: a
-            # resumed session does not get the stored copy on top of the queued one.
+            # resumed session does not get the stored copy on top of the queued one. (No
+            # Local stays off: MQTT 5 forbids it on a $share filter.)
             options = SubscribeOptions(qos=1, retainAsPublished=True,
                                        retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
             client.subscribe([(t, options) for t in topics])
         else:
             client.subscribe([(t, 1) for t in topics])
-        if self._on_connected is not None:
-            self._on_connected()
+
+
+def call_soon(loop: asyncio.AbstractEventLoop | None, fn: Any, *args: Any) -> None:
+    """Run ``fn(*args)`` on ``loop`` from any thread (a paho callback hands off with it);
+    nothing once the loop is gone or closing: herald is shutting down."""
+    if loop is None or loop.is_closed():
+        return
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop closed under us
+        pass
 
 
 async def _run_in_daemon_thread(fn: Any, timeout: float) -> bool:
