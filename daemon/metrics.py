@@ -50,11 +50,15 @@ class LatencyRecord:
     rtf: float  # synth_ms / audio_ms
     underruns: int = 0
     outcome: str = "ok"  # ok | stopped | error
+    # Asked to start at a wall-clock instant (``Request.play_at``): when its first sample
+    # reached the speaker's output, by the device's estimate, minus that instant; positive:
+    # late. None without a start time, or when nothing of it was played.
+    start_skew_ms: float | None = None
 
     @classmethod
     def from_timeline(cls, id: str, front: str, sink: str, voice: str, t: Timeline,
-                      audio_seconds: float, underruns: int = 0, outcome: str = "ok"
-                      ) -> LatencyRecord:
+                      audio_seconds: float, underruns: int = 0, outcome: str = "ok",
+                      start_skew: float | None = None) -> LatencyRecord:
         started = t.started if t.started is not None else t.received
         first = t.first_audio if t.first_audio is not None else started
         done = t.synth_done if t.synth_done is not None else time.monotonic()
@@ -65,7 +69,8 @@ class LatencyRecord:
                    first_audio_ms=round((first - t.received) * 1000, 1),
                    synth_ms=round(synth_ms, 1), audio_ms=round(audio_ms, 1),
                    rtf=round(synth_ms / audio_ms, 4) if audio_ms > 0 else 0.0,
-                   underruns=underruns, outcome=outcome)
+                   underruns=underruns, outcome=outcome,
+                   start_skew_ms=round(start_skew * 1000, 1) if start_skew is not None else None)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -125,10 +130,11 @@ class Metrics:
         self.audio.labels(rec.front).inc(rec.audio_ms / 1000)
         if rec.underruns:
             self.underruns.labels(rec.sink).inc(rec.underruns)
+        skew = "" if rec.start_skew_ms is None else f", start skew {rec.start_skew_ms:+.1f} ms"
         log.info("%s %s via %s->%s: queue %.0f ms, first audio %.0f ms, synth %.0f ms for "
-                 "%.0f ms audio (rtf %.3f), underruns %d, %s", rec.id, rec.voice, rec.front,
+                 "%.0f ms audio (rtf %.3f), underruns %d%s, %s", rec.id, rec.voice, rec.front,
                  rec.sink, rec.queue_ms, rec.first_audio_ms, rec.synth_ms, rec.audio_ms,
-                 rec.rtf, rec.underruns, rec.outcome)
+                 rec.rtf, rec.underruns, skew, rec.outcome)
         for fn in self._listeners:
             try:
                 fn(rec)

@@ -200,6 +200,10 @@ class Request:
     priority: int = 0  # higher first
     sinks: tuple[str, ...] = ("speaker",)
     ts: float | None = None  # sender's wall clock (Unix seconds) when it asked
+    # Wall clock (Unix seconds) at which its first sample is to come out of the speaker, a
+    # little in the future: several speakers start one announcement together. None: as
+    # soon as possible. Set by herald itself, never from a front's payload.
+    play_at: float | None = None
     front: str = "mqtt"
     timeline: Timeline = field(default_factory=Timeline)
     seed: int | None = None

@@ -227,7 +227,8 @@ def test_say_events_latency_and_speaker(client: Client, herald: Herald, synth: A
     rec = client.wait(lambda ms: next((m.json() for m in ms if m.topic == f"{BASE}/latency"
                                        and m.json()["id"] == "spk1"), None), what="latency")
     assert set(rec) == {"id", "front", "sink", "voice", "queue_ms", "first_audio_ms",
-                        "synth_ms", "audio_ms", "rtf", "underruns", "outcome"}
+                        "synth_ms", "audio_ms", "rtf", "underruns", "outcome", "start_skew_ms"}
+    assert rec["start_skew_ms"] is None  # no start time asked for
     assert (rec["front"], rec["sink"], rec["outcome"]) == ("mqtt", "speaker", "ok")
     assert rec["voice"] == "en_US-joe-medium"
     assert 0 <= rec["queue_ms"] <= rec["first_audio_ms"] and rec["audio_ms"] > 500
