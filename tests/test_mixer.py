@@ -4,6 +4,7 @@ block (no PortAudio, no event loop; tests/test_speaker.py plays it through ALSA)
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from daemon.sinks.speaker import SpeakerSettings
 from daemon.sinks.speaker.mixer import VOLUME_RAMP_SECONDS, Mixer, State, Voice
@@ -156,3 +157,72 @@ def test_a_cut_utterance_does_not_hand_over() -> None:
     out, stops = play(m, 1)
     assert not out[80:].any() and stops == [True]  # faded (80 frames), then the stream ends
     assert m.current is v and m.cue is cue
+
+
+# -------------------------------------------------------------- a start at a given time
+
+class Offset:
+    """A device clock running ``offset`` seconds behind the wall clock."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = offset
+
+    def to_device(self, wall: float) -> float:
+        return wall - self.offset
+
+
+def timed(samples: np.ndarray, start_at: float) -> Recorded:
+    v = voice(samples)
+    v.start_at = start_at
+    return v
+
+
+def play_at(mixer: Mixer[Recorded], dacs: list[float]) -> np.ndarray:
+    """One block per DAC time (device clock) the device reports."""
+    return np.concatenate([mixer.render(BLOCK, dac=d)[0] for d in dacs])
+
+
+def test_a_start_time_puts_the_first_sample_at_the_frame_that_reaches_the_dac_then() -> None:
+    x = ramp_signal(1000)
+    m: Mixer[Recorded] = Mixer(1.0)
+    m.rate, m.clock = RATE, Offset(1000.0)
+    # Wall 1100.05 is device 100.05: in the third block (DAC 100.04 .. 100.06), 10 ms =
+    # 160 frames in.
+    m.current = v = timed(x, 1100.05)
+    out = play_at(m, [100.0, 100.02, 100.04, 100.06, 100.08, 100.1, 100.12])
+    at = 2 * BLOCK + 160
+    assert not out[:at].any() and np.array_equal(out[at:at + 1000], x)
+    assert v.first_dac == pytest.approx(100.05) and v.events == ["first_audio"]
+
+
+def test_a_start_time_follows_the_dac_times_the_device_reports() -> None:
+    # The device reports the second block later than the first one's length would make it
+    # (it was slow to start): the start frame moves with it, it is not counted from the first.
+    x = ramp_signal(500)
+    m: Mixer[Recorded] = Mixer(1.0)
+    m.rate, m.clock = RATE, Offset(0.0)
+    m.current = v = timed(x, 10.05)
+    out = play_at(m, [10.0, 10.03, 10.05, 10.07])
+    at = BLOCK + 320  # 20 ms into the block reported at 10.03
+    assert not out[:at].any() and np.array_equal(out[at:at + 500], x)
+    assert v.first_dac == pytest.approx(10.05)
+
+
+def test_a_start_time_already_past_starts_at_once_and_says_how_late() -> None:
+    x = ramp_signal(500)
+    m: Mixer[Recorded] = Mixer(1.0)
+    m.rate, m.clock = RATE, Offset(0.0)
+    m.current = v = timed(x, 9.9)
+    out = play_at(m, [10.0, 10.02])
+    assert np.array_equal(out[:500], x)
+    assert v.first_dac == pytest.approx(10.0)  # 0.1 s late
+
+
+def test_without_a_start_time_the_dac_times_change_nothing() -> None:
+    x = ramp_signal(500)
+    m: Mixer[Recorded] = Mixer(1.0)
+    m.rate, m.clock = RATE, Offset(0.0)
+    m.current = v = voice(x, lead_in_ms=10.0)
+    out = play_at(m, [10.0, 10.02, 10.04])
+    assert not out[:160].any() and np.array_equal(out[160:660], x)
+    assert v.first_dac == pytest.approx(10.01)

@@ -147,7 +147,7 @@ def test_plays_the_exact_samples(paced_run: dict[str, Any]) -> None:
     assert r["error"] is None
     x, out = r["input"], r["output"]
     assert r["stats"] == {"samples": len(x), "underruns": 0, "cut": False,
-                          "device_rate": RATE, "xruns": 0}
+                          "device_rate": RATE, "xruns": 0, "skew": None}
     start = align(out, x)
     assert np.array_equal(out[start:start + len(x)], x), "samples differ from the input"
     assert not out[:start].any() and not out[start + len(x):].any()
@@ -330,7 +330,7 @@ def test_a_cued_utterance_follows_after_exactly_its_pause(  # type: ignore[no-un
     x, y = (as_samples(speech[name].read_bytes()) for name in ("short", "long"))
     for r, n in ((first, len(x)), (second, len(y))):
         assert r["stats"] == {"samples": n, "underruns": 0, "cut": False,
-                              "device_rate": device_rate, "xruns": 0}, r
+                              "device_rate": device_rate, "xruns": 0, "skew": None}, r
     out = as_samples(dev.out.read_bytes())
     rx, ry = at_device_rate(x, device_rate), at_device_rate(y, device_rate)
     a = locate(out, rx, 0)

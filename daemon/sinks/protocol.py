@@ -28,6 +28,9 @@ class Played(Protocol):
     @property
     def cut(self) -> bool: ...  # stopped before its end
 
+    @property
+    def skew(self) -> float | None: ...  # seconds its start was late (None: no start time)
+
 
 class Speaker(Protocol):
     """One utterance at a time on the sound device, with the next one cued behind it
@@ -35,13 +38,16 @@ class Speaker(Protocol):
 
     async def play(self, fmt: AudioFormat, chunks: AsyncIterable[bytes],
                    on_first_audio: Callable[[], None] | None = None, key: object = None,
-                   pause: float = 0.0) -> Played:
+                   pause: float = 0.0, start_at: float | None = None) -> Played:
         """Play one utterance (s16le mono ``chunks`` in ``fmt``); return once it has drained
         from the device, or was cut. ``on_first_audio()`` runs on the loop when its first
         audio goes to the device. ``key`` names it for cut(key) and cue(key, ...) (by
         identity). ``pause``: at least this much silence after the previous utterance, if
-        that one ended by itself. Raises SpeakerUnavailable when the device is missing, busy
-        or fails, or the utterance could make no progress (after logging)."""
+        that one ended by itself. ``start_at`` (wall clock, ``time.time()`` seconds): its
+        first sample reaches the device's output at that instant, or as soon as it can
+        after it (``pause`` then doesn't apply); ``Played.skew`` says how late it was.
+        Raises SpeakerUnavailable when the device is missing, busy or fails, or the
+        utterance could make no progress (after logging)."""
         ...
 
     def cue(self, key: object, fmt: AudioFormat, pcm: bytes, pause: float = 0.0,

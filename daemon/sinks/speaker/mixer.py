@@ -12,7 +12,13 @@ loop, so it can be driven (and tested) with arrays.
   it mid-word doesn't click ("zipper noise"); a cut fades out over ``fade_ms``;
 * hand-over: when the current voice ends by itself and a cue is there, the cue's lead-in
   (the pause) and audio go on in the same block, and the current one counts as heard once
-  the device has played ``drain_frames`` more.
+  the device has played ``drain_frames`` more;
+* a start time: a voice with ``start_at`` (wall clock) plays silence until the block whose
+  DAC time reaches that instant, and starts its audio at the frame of it. The instant is
+  converted to the device's clock once (``clock``, see ``clock.DeviceClock``) and compared
+  with each block's DAC time, not counted in frames, so a device that is late to start is
+  caught up with and one that runs ahead is held. When the instant has passed, the audio
+  starts at once; ``first_dac`` says when it did.
 
 The mixer never blocks and never raises. Where the loop must hear of something (the first
 audio went out, the buffer has room again, a handed-over utterance has been heard), it calls
@@ -21,6 +27,7 @@ a ``Voice`` hook from the audio thread; the sink's voices forward those to the l
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from enum import Enum
@@ -39,6 +46,12 @@ class Timings(Protocol):
     fade_ms: float  # fade-out on a cut
     park_ms: float  # starvation before the stream stops
     max_buffer_seconds: float  # jitter buffer bound (feeding waits)
+
+
+class Clock(Protocol):
+    """The device's clock as the mixer needs it (``clock.DeviceClock`` is one)."""
+
+    def to_device(self, wall: float) -> float: ...
 
 
 class State(Enum):
@@ -76,6 +89,9 @@ class Voice:
         self.fade_left = self.fade_total
         self.want_space = False
         self.first_sent = False
+        self.start_at: float | None = None  # wall clock: its first sample at the DAC then
+        self.start_dev: float | None = None  # start_at on the device's clock (set once)
+        self.first_dac: float | None = None  # device clock: when its first sample went out
         self.cut = False
         self.frames_out = 0
         self.underruns = 0
@@ -168,12 +184,16 @@ class Mixer(Generic[V]):
         self.target = volume  # the volume asked for, 0..1
         self.rate = 48000  # the device's rate (for the volume ramp)
         self.drain_frames = 0  # what the device holds ahead of the block being written
+        self.clock: Clock | None = None  # for voices with a start time
         # --- render()'s alone
         self.gain = volume  # the gain reached so far
 
-    def render(self, frames: int, xrun: bool = False) -> tuple[np.ndarray, bool]:
+    def render(self, frames: int, xrun: bool = False, dac: float | None = None
+               ) -> tuple[np.ndarray, bool]:
         """The next block of audio (int16 scale, float), and whether the stream should
-        complete after it. ``xrun``: the device reported an underflow before this block."""
+        complete after it. ``xrun``: the device reported an underflow before this block.
+        ``dac``: when the block's first frame reaches the DAC, on the device's clock (None:
+        unknown; a voice with a start time then starts at once)."""
         block = np.zeros(frames, dtype=np.float32)
         with self.lock:
             self._drain(frames)
@@ -181,7 +201,7 @@ class Mixer(Generic[V]):
             if p is None:
                 self.gain = self.target
                 return block, True  # nothing to play: don't keep the device busy
-            end = self._fill(p, block, 0, xrun)
+            end = self._fill(p, block, 0, xrun, dac)
             q = self.cue
             with p.lock:
                 handover = q is not None and p.state is State.ENDED and not p.cut
@@ -195,7 +215,7 @@ class Mixer(Generic[V]):
                 self.cue = self.cue_key = None
                 with q.lock:
                     q.state = State.PLAYING
-                self._fill(q, block, end, False)
+                self._fill(q, block, end, False, dac)
                 p = q
             with p.lock:
                 # WAITING here: a new utterance met the previous one's stream; let it
@@ -203,9 +223,9 @@ class Mixer(Generic[V]):
                 stop = p.state in (State.ENDED, State.PARKED, State.DONE, State.WAITING)
         return block, stop
 
-    def _fill(self, p: V, block: np.ndarray, start: int, xrun: bool) -> int:
+    def _fill(self, p: V, block: np.ndarray, start: int, xrun: bool, dac: float | None) -> int:
         """Fill ``block[start:]`` from ``p``: its lead-in silence, its audio, or its fade-out.
-        Returns where ``p``'s part of the block ends."""
+        Returns where ``p``'s part of the block ends. ``dac``: the block's DAC time."""
         frames = len(block)
         with p.lock:
             if xrun:
@@ -215,6 +235,14 @@ class Mixer(Generic[V]):
                 p.state = State.PLAYING
             elif p.state is State.STARVED and not p.producing:
                 p.state = State.ENDED
+            if (p.state is State.PLAYING and p.start_at is not None and not p.first_sent
+                    and dac is not None and self.clock is not None):
+                # Silence up to the frame that reaches the DAC at the start instant (the
+                # first one at or after it), from this block's own DAC time.
+                if p.start_dev is None:
+                    p.start_dev = self.clock.to_device(p.start_at)
+                due = math.ceil(round((p.start_dev - dac) * p.dev_rate, 6))
+                p.lead_in = max(0, due - pos)
             if p.state is State.PLAYING and p.lead_in:
                 n = min(p.lead_in, frames - pos)
                 p.lead_in -= n
@@ -247,6 +275,8 @@ class Mixer(Generic[V]):
                     p.state = State.PARKED
             if got_audio and not p.first_sent:
                 p.first_sent = True
+                if dac is not None:
+                    p.first_dac = dac + audio_from / p.dev_rate
                 p.first_audio()
             if p.want_space and p.buffered <= p.max_frames // 2:
                 p.want_space = False

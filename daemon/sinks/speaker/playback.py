@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from .clock import DeviceClock
 from .mixer import State, Voice
 
 
@@ -40,6 +41,10 @@ class PlaybackStats:
     cut: bool = False
     device_rate: int = 0  # rate the device ran at (!= input rate: resampled)
     xruns: int = 0  # underflows PortAudio reported on the device itself
+    # Asked to start at a wall-clock instant: when its first sample reached the DAC (the
+    # device's estimate) minus that instant, in seconds; positive: late. None otherwise, or
+    # when none of it was played.
+    skew: float | None = None
 
 
 class Playback(Voice):
@@ -54,6 +59,23 @@ class Playback(Voice):
         self.on_first_audio = on_first_audio  # replaced under ``lock`` (a claimed cue)
         self.done: asyncio.Future[None] = loop.create_future()
         self.space = asyncio.Event()
+        # Held for its start time: the loop's timer that starts the stream (see the sink).
+        self.wake: asyncio.TimerHandle | None = None
+
+    def held(self, clock: DeviceClock, lead_in: float, wake: Callable[[Playback], None]
+             ) -> bool:
+        """Whether it waits for its start time, ready as it is: then ``wake(self)`` runs on
+        the loop when its stream is to be started (``lead_in``: seconds of the device's
+        lead-in silence, played before the start time)."""
+        if self.wake is None and self.start_at is not None and not self.first_sent:
+            delay = clock.wake_in(self.start_at, lead_in)
+            if delay > 0:
+                self.wake = self.loop.call_later(delay, self._woken, wake)
+        return self.wake is not None
+
+    def _woken(self, wake: Callable[[Playback], None]) -> None:
+        self.wake = None
+        wake(self)
 
     def first_audio(self) -> None:
         if self.on_first_audio is not None:
@@ -76,6 +98,9 @@ class Playback(Voice):
         """On the loop: resolve ``play()``'s wait."""
         with self.lock:
             self.state = State.DONE
+        if self.wake is not None:
+            self.wake.cancel()
+            self.wake = None
         if not self.done.done():
             if error is None:
                 self.done.set_result(None)

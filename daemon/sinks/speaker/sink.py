@@ -28,6 +28,14 @@ time (ALSA's null/file plugins) from spinning on silence.
 
 When the device can't take the voice's rate, the stream opens at the device's default rate
 and ``tts.resample`` converts (polyphase windowed sinc, in a worker thread).
+
+At a given time. ``play(..., start_at=T)`` (wall clock) holds the utterance, its audio
+buffering meanwhile, and starts the stream only when a loop timer says it is time to
+(``clock.DeviceClock.wake_in``: the device's start-up plus a margin before T); the callback
+then plays silence up to the frame whose DAC time is T (see ``mixer``). Nothing is held on
+the device or the loop in the meantime. Late (the device busy with an earlier utterance, T
+past, the pre-roll not there in time), it starts as soon as it can, and says by how much in
+``PlaybackStats.skew``.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from tts.resample import Resampler
 
 from ...metrics import Metrics
 from ..protocol import SpeakerUnavailable
+from .clock import DeviceClock
 from .device import Device, Output
 from .mixer import Mixer, State
 from .playback import Playback, PlaybackStats, Quiet, SpeakerSettings
@@ -67,6 +76,8 @@ class SpeakerSink:
         # Which utterance the callback plays, cued and draining: the callback switches them
         # too (a cue taking over), so they are changed under ``_mix.lock``.
         self._mix: Mixer[Playback] = Mixer(float(settings.volume))
+        # The open stream's clock (this one stands in until a stream opens).
+        self._clock = DeviceClock(settings.latency_ms / 1000, settings.rate or 48000)
         self._running = False  # stream started and its completion not yet seen
         self._starting = False
         self._ended_at: float | None = None  # when an utterance that ended by itself drained
@@ -180,13 +191,16 @@ class SpeakerSink:
 
     async def play(self, fmt: AudioFormat, chunks: AsyncIterable[bytes],
                    on_first_audio: Callable[[], None] | None = None, key: object = None,
-                   pause: float = 0.0) -> PlaybackStats:
+                   pause: float = 0.0, start_at: float | None = None) -> PlaybackStats:
         """Play one utterance; returns when it has drained from the device or was cut.
 
         One utterance at a time: a second call waits for the first. ``key`` names it for
         cut(key), and claims its cue if that is playing already (``chunks`` then only confirm
         what the cue holds). ``pause``: at least this much silence after the previous
-        utterance, if that one ended by itself (consecutive utterances are paragraphs)."""
+        utterance, if that one ended by itself (consecutive utterances are paragraphs).
+        ``start_at`` (wall clock, ``time.time()``): its first sample reaches the device's
+        output then, or as soon as it can after (``pause`` then doesn't apply); the stats'
+        ``skew`` says how late it was."""
         if fmt.width != 2 or fmt.channels != 1:
             raise ValueError(f"the speaker takes 16-bit mono PCM, got {fmt}")
         if not self.settings.enabled:
@@ -214,7 +228,10 @@ class SpeakerSink:
                         pass
                 out = await self._ensure_output(fmt)
                 p = Playback(loop, fmt.rate, out.rate, self.settings, on_first_audio, key)
-                p.lead_in = max(p.lead_in, self._pause_left(pause, out.rate))
+                if start_at is None:
+                    p.lead_in = max(p.lead_in, self._pause_left(pause, out.rate))
+                else:  # the device's lead-in comes before the instant (see _held)
+                    p.start_at, p.lead_in = start_at, 0
                 with self._mix.lock:
                     self._mix.current = p
                 feeder = loop.create_task(self._feed(p, out, chunks), name="speaker-feed")
@@ -238,11 +255,15 @@ class SpeakerSink:
                         self._mix.current = None
             with p.lock:
                 frames, underruns, xruns, was_cut = p.frames_out, p.underruns, p.xruns, p.cut
+                first_dac = p.first_dac
             if not was_cut:
                 self._ended_at = time.monotonic()
+            skew = None
+            if start_at is not None and first_dac is not None:
+                skew = self._clock.to_wall(first_dac) - start_at
             return PlaybackStats(samples=round(frames * p.src_rate / p.dev_rate),
                                  underruns=underruns, cut=was_cut, device_rate=p.dev_rate,
-                                 xruns=xruns)
+                                 xruns=xruns, skew=skew)
 
     # ---------------------------------------------------------------- loop side
 
@@ -348,7 +369,8 @@ class SpeakerSink:
         if state is State.ENDED or (state in (State.WAITING, State.PARKED)
                                      and (cut or exhausted)):
             p.finish()
-        elif state in (State.WAITING, State.PARKED) and ready:
+        elif state in (State.WAITING, State.PARKED) and ready and not p.held(
+                self._clock, self.settings.lead_in_ms / 1000, self._settle):
             self._starting = True
             asyncio.get_running_loop().create_task(self._start_stream(p))
 
@@ -366,7 +388,7 @@ class SpeakerSink:
                 self._settle(p)
                 return
             self._running = True
-
+            self._clock.starting()
             await self._dev.call(partial(self._dev.restart, out),
                                  f"start the sound device {out.device_name!r}")
         except SpeakerUnavailable as e:
@@ -411,7 +433,8 @@ class SpeakerSink:
                         break
                     waiting = {p.done}  # fed completely: only the device is left to wait for
                 now = time.monotonic()
-                if self._ticks != ticks or self._starting or p.waits_for_source():
+                if (self._ticks != ticks or self._starting or p.waits_for_source()
+                        or p.wake is not None):  # held for its start time
                     ticks, since = self._ticks, now
                     self._quiet = None
                     continue
@@ -460,6 +483,7 @@ class SpeakerSink:
         # (its output latency; ALSA may hold up to a period more, and buffers past the
         # device are not seen, as by PortAudio's own drain).
         self._mix.rate, self._mix.drain_frames = out.rate, int(out.drain_seconds * out.rate)
+        self._clock = self._mix.clock = DeviceClock(out.drain_seconds, out.rate)
         return out
 
     async def _close_output(self, error: SpeakerUnavailable | None = None) -> None:
@@ -483,7 +507,9 @@ class SpeakerSink:
         self._ticks += 1
         stop = False
         try:
-            block, stop = self._mix.render(frames, bool(status.output_underflow))
+            dac = self._clock.tick(time_info.currentTime, time_info.outputBufferDacTime,
+                                   frames)
+            block, stop = self._mix.render(frames, bool(status.output_underflow), dac)
             pcm = np.clip(np.rint(block), -32768, 32767).astype("<i2")
         except Exception:
             log.exception("speaker: audio callback failed; playing silence")
