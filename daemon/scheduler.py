@@ -406,6 +406,7 @@ class Scheduler:
         on_speaker = "speaker" in req.sinks
         samples = 0
         underruns = 0
+        skew: float | None = None
 
         async def pcm() -> AsyncIterator[bytes]:
             nonlocal samples, error
@@ -429,8 +430,9 @@ class Scheduler:
             if on_speaker:
                 assert self.speaker is not None
                 stats = await self.speaker.play(fmt, pcm(), partial(first_audio, t), key=utt,
-                                                pause=self.synthesis.paragraph_silence)
-                underruns = stats.underruns
+                                                pause=self.synthesis.paragraph_silence,
+                                                start_at=req.play_at)
+                underruns, skew = stats.underruns, stats.skew
                 utt.cut = utt.cut or stats.cut
             else:
                 async for _ in pcm():
@@ -455,7 +457,7 @@ class Scheduler:
                 except Exception:
                     log.exception("%s: closing a sink failed", req.id)
             t.finished = time.monotonic()
-            self._finish(utt, outcome, error, voice, samples / fmt.rate, underruns)
+            self._finish(utt, outcome, error, voice, samples / fmt.rate, underruns, skew)
 
     def _recue(self) -> None:
         """Keep the speaker's cue on the next speaker utterance while one plays, once the next
@@ -463,12 +465,13 @@ class Scheduler:
         same device stream, the moment the current one ends by itself. One that stops being
         next (an interrupt or a higher priority goes first, it was stopped) is withdrawn (if
         it had started, it fades out, and is heard whole in its turn); one that has become
-        the current keeps it: its player claims it."""
+        the current keeps it: its player claims it. One with a start time (``play_at``)
+        is never cued: it starts at its time, not after the pause."""
         if self.speaker is None:
             return
         lane = self.speaker_lane
         nxt = lane.waiting[0] if lane.waiting and lane.running and not self._closing else None
-        if nxt is not None and not whole(nxt):
+        if nxt is not None and (not whole(nxt) or nxt.req.play_at is not None):
             nxt = None
         prev = self._cued
         if prev is nxt:
@@ -493,7 +496,7 @@ class Scheduler:
             first_audio(utt.req.timeline)
 
     def _finish(self, utt: Utterance, outcome: str, error: RequestError | None, voice: str,
-                audio_seconds: float, underruns: int) -> None:
+                audio_seconds: float, underruns: int, skew: float | None) -> None:
         req = utt.req
         if req.stream:
             req.stream.fail(RequestError(outcome))
@@ -502,7 +505,7 @@ class Scheduler:
         if req.client is None or audio_seconds or outcome == "finished":
             record = LatencyRecord.from_timeline(
                 req.id, req.front, sink_names(req), voice, req.timeline, audio_seconds,
-                underruns, "ok" if outcome == "finished" else outcome)
+                underruns, "ok" if outcome == "finished" else outcome, skew)
             self.metrics.record(record)
         if req.client is not None:
             req.client.close(outcome, error, record)

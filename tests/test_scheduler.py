@@ -57,7 +57,8 @@ class Recorder:
 
 class PacedSpeaker:
     """Plays at ``speed`` x real time; records what it played and when, and the cues and cuts
-    it was given. (It never starts a cue itself: play() always plays its chunks.)"""
+    it was given. (It never starts a cue itself: play() always plays its chunks.) Given a
+    start time, it starts then (wall clock), and reports how late its first chunk was."""
 
     name = "speaker"
 
@@ -67,6 +68,7 @@ class PacedSpeaker:
         self.played: list[tuple[float, float, int]] = []  # start, end, samples
         self.cues: list[tuple[str, int, float, float]] = []  # id, samples, pause, when
         self.keys: list[tuple[str, float]] = []  # id and pause of each play
+        self.starts: list[tuple[str, float | None, float]] = []  # id, start_at, first chunk
         self.cuts: list[str | None] = []  # the id each cut(key) named (None: the current)
         self._cut = asyncio.Event()
         self._playing: Any = None  # the key of the play in progress
@@ -77,14 +79,19 @@ class PacedSpeaker:
 
     async def play(self, fmt: AudioFormat, chunks: AsyncIterator[bytes],
                    on_first_audio: Callable[[], None] | None = None, key: Any = None,
-                   pause: float = 0.0) -> PlaybackStats:
+                   pause: float = 0.0, start_at: float | None = None) -> PlaybackStats:
         self._cut.clear()
         self._playing = key
         self.keys.append((key.req.id, pause))
-        start, samples, first = time.monotonic(), 0, True
+        start, samples, first, skew = time.monotonic(), 0, True, None
         async for data in chunks:
-            if first and on_first_audio:
-                on_first_audio()
+            if first:
+                if start_at is not None:
+                    await asyncio.sleep(start_at - time.time())
+                    skew = time.time() - start_at
+                self.starts.append((key.req.id, start_at, time.time()))
+                if on_first_audio:
+                    on_first_audio()
             first = False
             samples += len(data) // 2
             try:
@@ -93,7 +100,7 @@ class PacedSpeaker:
             except TimeoutError:
                 pass
         self.played.append((start, time.monotonic(), samples))
-        return PlaybackStats(samples=samples, cut=self._cut.is_set())
+        return PlaybackStats(samples=samples, cut=self._cut.is_set(), skew=skew)
 
     def stalled(self) -> str | None:
         return None  # its clock never stops
@@ -254,6 +261,28 @@ async def test_stopping_a_cued_utterance_withdraws_the_cue(engine: Engine) -> No
     assert await asyncio.wait_for(asyncio.gather(first, cued), 60) == ["finished", "stopped"]
     assert spk.cuts == ["p2"]
     assert [key for key, _ in spk.keys] == ["p1"]
+
+
+async def test_a_timed_utterance_starts_at_its_time_not_as_a_cue(engine: Engine) -> None:
+    """An utterance with a start time (``play_at``, several speakers playing it together)
+    is handed to the speaker with it, is never cued behind the one before (that would start
+    it at the paragraph pause), and its latency record carries the speaker's start skew;
+    the one without a start time has none."""
+    spk = PacedSpeaker(speed=1.0)
+    r = rig(engine, speaker=spk, synthesis=SynthesisOptions(paragraph_silence=0.3))
+    first = r.scheduler.submit(req("now", "Hello there.", sinks=("speaker",)))
+    play_at = time.time() + 5.0  # the first one (a second long) is over by then
+    timed = r.scheduler.submit(req("timed", "Dinner is ready.", sinks=("speaker",),
+                                   play_at=play_at))
+    assert await asyncio.wait_for(asyncio.gather(first, timed), 60) == ["finished"] * 2
+    assert spk.cues == [], "the timed utterance was cued"
+    assert [(rid, at) for rid, at, _ in spk.starts] == [("now", None), ("timed", play_at)]
+    records = {rec.id: rec for rec in r.records}
+    assert records["now"].start_skew_ms is None
+    skew = records["timed"].start_skew_ms
+    assert skew is not None and 0 <= skew < 50, skew
+    assert skew == round((spk.starts[1][2] - play_at) * 1000, 1)
+    assert records["timed"].as_dict()["start_skew_ms"] == skew
 
 
 async def test_stop_removes_waiting_and_cuts_running(engine: Engine) -> None:
