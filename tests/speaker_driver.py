@@ -9,7 +9,10 @@ Plays follow each other once the device has gone quiet, unless a play says
 ``"back_to_back": true`` (then it is called the moment the previous one returns, as the
 scheduler does). ``"key"`` names a play for ``cut(key)``/``cue(key, ...)``, ``"gap"`` is its
 ``pause``; ``"after_first_audio": [[seconds, action], ...]`` and ``"after_return": [action,
-...]`` run actions: ``{"cue": {"pcm", "key", "gap"}}`` or ``{"cut": key}``.
+...]`` run actions: ``{"cue": {"pcm", "key", "gap"}}`` or ``{"cut": key}``. ``"start_at"``
+(wall clock) or ``"start_in"`` (seconds after the play is called) is its ``start_at``; with
+``"start_at": "stdin"`` the driver prints ``{"ready": true}`` and reads it from a line on
+its standard input (several drivers, started under load, can be given one start time).
 
 With ``fifo`` in the spec, this process also plays the part of the sound card's clock: a
 thread reads the FIFO (shrunk to one page) at ``bytes_per_second`` and appends what it reads
@@ -18,6 +21,8 @@ the device consume in real time, like hardware, so pre-roll, underruns, cut and 
 what they mean on a real speaker. It must be reading before sounddevice is imported
 (PortAudio opens the default PCM while it scans devices, and the FIFO blocks until read).
 The tests also run a pacer of their own in front of a ``herald run`` (tests/test_speaker.py).
+With ``"stamp": true`` the pacer notes the wall-clock time of each read, printed at the end
+(``stamps``): when the sound card played which byte.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ class Pacer:
 
     def __init__(self, fifo: str, out: str, bytes_per_second: float,
                  hold: dict[str, float] | None = None,
-                 silence_after: float | None = None) -> None:
+                 silence_after: float | None = None, stamp: bool = False) -> None:
         self.fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
         fcntl.fcntl(self.fd, F_SETPIPE_SZ, 4096)
         # Blocking reads wait for the writer; the clock that records silence must notice
@@ -63,6 +68,8 @@ class Pacer:
         self.rate = bytes_per_second
         self.silence_after = silence_after
         self.consumed = 0
+        # (bytes consumed before a read, wall-clock time of the read), with ``stamp``
+        self.stamps: list[tuple[int, float]] | None = [] if stamp else None
         self.last_empty = 0.0  # monotonic time the FIFO was last found empty (silence_after)
         # {"after_bytes": N, "seconds": S}: stop reading for S seconds once N bytes are in,
         # like a sound card whose driver hangs.
@@ -87,6 +94,8 @@ class Pacer:
         self.out.close()
 
     def _record(self, data: bytes) -> None:
+        if self.stamps is not None:
+            self.stamps.append((self.consumed, time.time()))
         self.out.write(data)
         self.out.flush()
         self.consumed += len(data)
@@ -148,8 +157,8 @@ async def chunks(pcm: bytes, chunk_bytes: int, play: dict[str, Any], state: dict
 
 
 async def main(spec: dict[str, Any]) -> None:
-    pacer = Pacer(spec["fifo"], spec["out"], spec["bytes_per_second"], spec.get("hold")) \
-        if spec.get("fifo") else None
+    pacer = Pacer(spec["fifo"], spec["out"], spec["bytes_per_second"], spec.get("hold"),
+                  stamp=spec.get("stamp", False)) if spec.get("fifo") else None
 
     from daemon.metrics import Metrics
     from daemon.sinks.speaker import SpeakerSettings, SpeakerSink, SpeakerUnavailable
@@ -182,6 +191,10 @@ async def main(spec: dict[str, Any]) -> None:
         if "volume" in play:
             sink.volume = play["volume"]
         pcm = Path(play["pcm"]).read_bytes()
+        if play.get("start_at") == "stdin":
+            print(json.dumps({"ready": True}), flush=True)
+            line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+            play["start_at"] = float(line)
         state: dict[str, Any] = {"first_audio": None, "sent": 0, "last_sent": None,
                                  "sent_at_first_audio": None}
 
@@ -212,10 +225,15 @@ async def main(spec: dict[str, Any]) -> None:
                 delay, lambda w=what, r=play["rate"]: act(w, r))))
         result: dict[str, Any] = {"error": None, "stats": None, "cancelled": False}
         t0 = time.monotonic()
+        result["called_at"] = time.time()
+        start_at = play.get("start_at")
+        if play.get("start_in") is not None:
+            start_at = result["called_at"] + play["start_in"]
+        result["start_at"] = start_at
         task = asyncio.create_task(sink.play(
             AudioFormat(play["rate"]), chunks(pcm, play.get("chunk_bytes", 4096), play, state,
                                               sink), first_audio,
-            key=key_of(play.get("key")), pause=play.get("gap", 0.0)))
+            key=key_of(play.get("key")), pause=play.get("gap", 0.0), start_at=start_at))
         if play.get("cancel_after_first_audio") is not None:  # what SIGTERM does to a play
             helpers.append(asyncio.create_task(
                 after_first_audio(play["cancel_after_first_audio"], task.cancel)))
@@ -243,7 +261,8 @@ async def main(spec: dict[str, Any]) -> None:
     await sink.stop()
     if pacer:
         await pacer.quiet()  # let the pacer take what is still in the pipe
-        print(json.dumps({"consumed_total": pacer.consumed}), flush=True)
+        print(json.dumps({"consumed_total": pacer.consumed, "stamps": pacer.stamps}),
+              flush=True)
 
 
 if __name__ == "__main__":
