@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from audio_checks import as_samples, assert_pcm_close, assert_speech, reference_pcm
 from conftest import ROOT
-from test_speaker import DRIVER, RATE, SHORT, align, locate, paced_device, run_driver
+from test_speaker import DRIVER, LONG, RATE, SHORT, align, locate, paced_device, run_driver
 
 from tts import SynthesisOptions
 
@@ -52,14 +52,15 @@ def heard_at(stamps: list[list[float]], byte: int) -> float:
 def plays_heard(results: list[dict[str, Any]], device: bytes, x: np.ndarray
                 ) -> list[dict[str, Any]]:
     """Each play's output (the device's, between the pacer's count before it and before the
-    next) and when its first sample was heard."""
+    next) and when its first sample was heard (None: nothing of it was)."""
     *plays, tail = results
     bounds = [r["consumed_before"] for r in plays] + [tail["consumed_total"]]
     for i, r in enumerate(plays):
         out = as_samples(device[bounds[i]:bounds[i + 1]])
-        start = align(out, x)
-        r.update(output=out, start=start,
-                 heard=heard_at(tail["stamps"], bounds[i] + 2 * start))
+        r.update(output=out, start=None, heard=None)
+        if out.any():
+            r["start"] = start = align(out, x)
+            r["heard"] = heard_at(tail["stamps"], bounds[i] + 2 * start)
     return plays
 
 
@@ -75,18 +76,19 @@ def assert_whole(r: dict[str, Any], x: np.ndarray) -> None:
 
 def test_an_utterance_starts_at_its_time_or_says_how_late_it_is(  # type: ignore[no-untyped-def]
         speech, tmp_path: Path) -> None:
-    """Three plays on one paced device: one asked to start 0.3 s ago (it starts at once and
-    says it is 0.3 s late, and more by what the device took to start), one asked to start
-    0.5 s from now (held until then, heard then, skew near zero), one with no start time
-    (as before: no skew)."""
+    """Plays on one paced device: one asked to start 0.3 s ago (it starts at once and says
+    it is 0.3 s late, and more by what the device took to start), one asked to start 0.5 s
+    from now (held until then, heard then, skew near zero), one with no start time (as
+    before: no skew), and one cut while it waits for its time (it ends then, unheard)."""
     dev = paced_device(tmp_path, RATE)
     results = run_driver(dev.spec(stamp=True, start_rate=RATE, plays=[
         {"pcm": str(speech), "rate": RATE, "start_in": -0.3},
         {"pcm": str(speech), "rate": RATE, "start_in": 0.5},
         {"pcm": str(speech), "rate": RATE},
+        {"pcm": str(speech), "rate": RATE, "start_in": 2.0, "cut_after_chunk": 0},
     ]), dev.env, tmp_path)
     x = as_samples(speech.read_bytes())
-    late, timed, plain = plays_heard(results, dev.out.read_bytes(), x)
+    late, timed, plain, cut = plays_heard(results, dev.out.read_bytes(), x)
     for r in (late, timed, plain):
         assert_whole(r, x)
 
@@ -109,6 +111,10 @@ def test_an_utterance_starts_at_its_time_or_says_how_late_it_is(  # type: ignore
     assert timed["start"] < 0.45 * RATE, f"{timed['start'] / RATE:.2f} s of silence first"
 
     assert plain["stats"]["skew"] is None
+
+    assert cut["error"] is None and cut["seconds"] < 1.0, cut
+    assert cut["stats"]["cut"] and cut["stats"]["samples"] == 0 and cut["stats"]["skew"] is None
+    assert not cut["output"].any(), "the cut one was heard"
 
 
 def test_two_speakers_given_one_start_time_start_together(  # type: ignore[no-untyped-def]
@@ -154,12 +160,14 @@ def test_two_speakers_given_one_start_time_start_together(  # type: ignore[no-un
 
 
 # The scheduler and the speaker of a herald in one process, on a paced device: a request
-# with a start time (``play_at``, which the fleet sets), and one without behind it.
+# with a start time (``play_at``, which the fleet sets), and one without behind it; then one
+# whose time comes while the speaker is busy with a long one.
 SCHEDULED = """
 import asyncio, json, sys, time
 sys.path.insert(0, "tests")
 from speaker_driver import Pacer
-fifo, out, text, rate = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+fifo, out, text, long, rate = sys.argv[1:6]
+rate = int(rate)
 pacer = Pacer(fifo, out, rate * 2, stamp=True)  # reading before PortAudio opens the device
 from daemon.engine import Engine, EngineSettings
 from daemon.metrics import Metrics
@@ -181,11 +189,18 @@ async def main():
     timed = scheduler.submit(Request(text=text, id="timed", seed=3, play_at=play_at))
     now = scheduler.submit(Request(text=text, id="now", seed=3))
     outcomes = await asyncio.gather(timed, now)
+    await pacer.quiet()
+    busy_from = pacer.consumed
+    busy = scheduler.submit(Request(text=long, id="busy", seed=4))
+    busy_at = time.time() + 1.0
+    behind = scheduler.submit(Request(text=text, id="behind", seed=3, play_at=busy_at))
+    outcomes += await asyncio.gather(busy, behind)
     await scheduler.close()
     await speaker.stop()
     await pacer.quiet()
     pacer.stop()
-    print(json.dumps({"outcomes": outcomes, "play_at": play_at, "stamps": pacer.stamps,
+    print(json.dumps({"outcomes": outcomes, "play_at": play_at, "busy_at": busy_at,
+                      "busy_from": busy_from, "stamps": pacer.stamps,
                       "records": [r.as_dict() for r in records]}))
 
 asyncio.run(main())
@@ -195,14 +210,16 @@ asyncio.run(main())
 def test_a_request_with_a_start_time_is_heard_then_and_its_record_has_the_skew(  # type: ignore[no-untyped-def]
         synth, tmp_path: Path) -> None:
     """The scheduler hands ``play_at`` to the real speaker, which holds the utterance until
-    then; its latency record carries the skew the speaker measured, the other one's none."""
+    then; its latency record carries the skew the speaker measured, the other one's none.
+    One whose time comes while the speaker is busy starts when it is free, and says how
+    late that was."""
     dev = paced_device(tmp_path, RATE)
     done = subprocess.run([sys.executable, "-c", SCHEDULED, str(dev.fifo), str(dev.out), SHORT,
-                           str(RATE)], env=dev.env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+                           LONG, str(RATE)], env=dev.env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
-    assert result["outcomes"] == ["finished", "finished"]
+    assert result["outcomes"] == ["finished"] * 4
     records = {r["id"]: r for r in result["records"]}
     assert records["now"]["start_skew_ms"] is None
     skew = records["timed"]["start_skew_ms"]
@@ -215,3 +232,14 @@ def test_a_request_with_a_start_time_is_heard_then_and_its_record_has_the_skew( 
     assert_pcm_close(heard[at:at + len(ref)], ref, "the timed utterance")
     late = heard_at(result["stamps"], 2 * at) - result["play_at"]
     assert 0 <= late < 0.3, late
+
+    # Behind a long one (3.7 s) that started just before its time: played when the speaker
+    # was free, whole, and the record says it was late by what the device heard.
+    busy, behind = records["busy"], records["behind"]
+    assert busy["start_skew_ms"] is None
+    last = int(np.flatnonzero(heard)[-1])
+    at = locate(heard, ref, max(result["busy_from"] // 2, last - len(ref) - RATE // 10))
+    assert_pcm_close(heard[at:at + len(ref)], ref, "the one behind the busy speaker")
+    late = heard_at(result["stamps"], 2 * at) - result["busy_at"]
+    assert behind["start_skew_ms"] > 2000, behind
+    assert 0 <= late - behind["start_skew_ms"] / 1000 < 0.3, (late, behind)
