@@ -62,6 +62,25 @@ class Playback(Voice):
         # Held for its start time: the loop's timer that starts the stream (see the sink).
         self.wake: asyncio.TimerHandle | None = None
 
+    def also_on_first_audio(self, fn: Callable[[], None] | None) -> None:
+        """Another first-audio callback (play()'s, for a claimed cue): now if its audio has
+        started, else along with its own."""
+        if fn is None:
+            return
+        with self.lock:
+            started = self.first_sent
+            if not started:
+                before = self.on_first_audio
+
+                def both() -> None:
+                    if before is not None:
+                        before()
+                    fn()
+
+                self.on_first_audio = both
+        if started:
+            fn()
+
     def held(self, clock: DeviceClock, lead_in: float, wake: Callable[[Playback], None]
              ) -> bool:
         """Whether it waits for its start time, ready as it is: then ``wake(self)`` runs on

@@ -29,13 +29,9 @@ time (ALSA's null/file plugins) from spinning on silence.
 When the device can't take the voice's rate, the stream opens at the device's default rate
 and ``tts.resample`` converts (polyphase windowed sinc, in a worker thread).
 
-At a given time. ``play(..., start_at=T)`` (wall clock) holds the utterance, its audio
-buffering meanwhile, and starts the stream only when a loop timer says it is time to
-(``clock.DeviceClock.wake_in``: the device's start-up plus a margin before T); the callback
-then plays silence up to the frame whose DAC time is T (see ``mixer``). Nothing is held on
-the device or the loop in the meantime. Late (the device busy with an earlier utterance, T
-past, the pre-roll not there in time), it starts as soon as it can, and says by how much in
-``PlaybackStats.skew``.
+At a given time: ``play(..., start_at=T)`` holds the utterance, buffering, until a loop
+timer starts the stream just early enough; the callback starts its audio at the frame whose
+DAC time is T (``clock``, ``mixer``). Late, it starts as soon as it can and says by how much.
 """
 
 from __future__ import annotations
@@ -215,7 +211,7 @@ class SpeakerSink:
                     self._mix.cue = self._mix.cue_key = None  # cued, but never took over
             claimed = p is not None
             if p is not None:
-                self._also_on_first_audio(p, on_first_audio)
+                p.also_on_first_audio(on_first_audio)
                 feeder = loop.create_task(self._confirm(p, chunks), name="speaker-confirm")
             else:
                 if started is not None:  # a cue that went on, but something else comes now
@@ -230,7 +226,7 @@ class SpeakerSink:
                 p = Playback(loop, fmt.rate, out.rate, self.settings, on_first_audio, key)
                 if start_at is None:
                     p.lead_in = max(p.lead_in, self._pause_left(pause, out.rate))
-                else:  # the device's lead-in comes before the instant (see _held)
+                else:  # the device's lead-in comes before the instant (Playback.held)
                     p.start_at, p.lead_in = start_at, 0
                 with self._mix.lock:
                     self._mix.current = p
@@ -313,25 +309,6 @@ class SpeakerSink:
         resampler = Resampler(p.src_rate, p.dev_rate)
         self._set_cue(p, out, await asyncio.to_thread(
             lambda: np.concatenate([resampler.process(samples), resampler.flush()])))
-
-    def _also_on_first_audio(self, p: Playback, fn: Callable[[], None] | None) -> None:
-        """play()'s first-audio callback for a claimed cue: now if its audio has started,
-        else along with the cue's own."""
-        if fn is None:
-            return
-        with p.lock:
-            started = p.first_sent
-            if not started:
-                before = p.on_first_audio
-
-                def both() -> None:
-                    if before is not None:
-                        before()
-                    fn()
-
-                p.on_first_audio = both
-        if started:
-            fn()
 
     def _pause_left(self, pause: float, rate: int) -> int:
         """Frames of ``pause`` still to come since the last utterance that ended by itself."""
