@@ -16,7 +16,7 @@ import secrets
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -29,11 +29,11 @@ from .metrics import Timeline
 from .topics import TopicError, check_request_id
 
 if TYPE_CHECKING:
-    from tts.audio import AudioFormat
     from tts.compose import Planner, Step
     from tts.options import SynthesisOptions
 
     from .sinks.client import ClientSink
+    from .synthesis import AudioSource
 
 Mode = Literal["queue", "interrupt"]
 SINKS = ("speaker", "mqtt")
@@ -192,27 +192,6 @@ def _by_sentence(steps: list[Step]) -> list[list[Step]]:
     return batches
 
 
-# --------------------------------------------------------------------------- audio made elsewhere
-
-
-class AudioSource(Protocol):
-    """A request's audio made somewhere else (a fleet worker, issue 19), played in place of a
-    synthesis: the scheduler treats it as its synthesis (queue, lanes, events, stop, latency
-    record) without knowing where it comes from.
-
-    ``pcm()`` is called once, when the scheduler would start synthesizing (the request's
-    turn, or the one before it: prefetch); it yields s16le mono PCM in ``format`` and ends
-    at the audio's end, or raises ``RequestError`` saying why it cannot go on. Closing it
-    (``aclose``: the request was stopped or its sinks left) gives the work up wherever it
-    is done.
-    """
-
-    @property
-    def format(self) -> AudioFormat: ...
-
-    def pcm(self) -> AsyncGenerator[bytes, None]: ...
-
-
 # --------------------------------------------------------------------------- the request
 
 
@@ -248,7 +227,8 @@ class Request:
     # The client connection that waits for the audio (an HTTP response, a Wyoming client):
     # a sink of this job alone, next to the named ``sinks``.
     client: ClientSink | None = None
-    # Audio made elsewhere to play instead of synthesizing ``text`` here (``AudioSource``).
+    # Audio made elsewhere to play instead of synthesizing ``text`` here
+    # (``daemon.synthesis.AudioSource``: a fleet worker's).
     source: AudioSource | None = None
     # The defaults this request is synthesized on instead of the configured [synthesis]
     # ones: a fleet job carries its owner's gain and sentence pause (daemon.fleet.worker).

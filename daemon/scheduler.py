@@ -28,35 +28,32 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tts.audio import AudioFormat, to_pcm16
+from tts.audio import AudioFormat
 from tts.options import SynthesisOptions
 
 from .buffer import AudioBuffer
 from .logcontext import context_for, request_context
 from .metrics import LatencyRecord, Metrics, Timeline
-from .request import NOTHING_TO_SAY, AudioSource, Request, RequestError, failure
+from .request import NOTHING_TO_SAY, Request, RequestError, failure
 from .settings import SchedulerSettings
 from .sinks.protocol import NetworkSink, Speaker, SpeakerUnavailable
-from .synthesis import Synthesis
+from .synthesis import AudioSource, Synthesis
 from .utterance import (
     Lane,
     SynthesisFailed,
     Utterance,
     first_audio,
+    from_text,
     sink_names,
-    skip_writing,
     slices,
     synthesized,
     whole,
 )
-
-if TYPE_CHECKING:
-    from tts.compose import Step
 
 log = logging.getLogger(__name__)
 
@@ -357,7 +354,8 @@ class Scheduler:
         buffers = [u.buffer for u in (utt, *utt.tee) if u.buffer is not None]
         error: BaseException | None = None
         try:
-            pieces = req.source.pcm() if req.source is not None else self._synthesize(utt)
+            pieces = (req.source.pcm() if req.source is not None else
+                      from_text(self._engine(), utt, self.synthesis, self._progress))
             async with contextlib.aclosing(pieces):
                 async for piece in pieces:
                     self._progress()
@@ -376,40 +374,6 @@ class Scheduler:
             buffer.finish(error)
         self._recue()  # whole now: it can be the speaker's cue
 
-    async def _synthesize(self, utt: Utterance) -> AsyncGenerator[bytes, None]:
-        """The request's text through the engine, as PCM."""
-        req, engine = utt.req, self._engine()
-        opts = req.options(self.synthesis)
-        if req.stream is None:
-            chunks = engine.stream(req.text, req.voice, opts, req.text_format)
-        else:
-            planner = engine.planner(req.voice, opts, req.text_format)
-            chunks = engine.stream_steps(self._arriving(utt, req.stream.steps(planner)),
-                                         req.voice, opts)
-        async with contextlib.aclosing(chunks):
-            async for chunk in chunks:
-                yield to_pcm16(chunk.samples)
-
-    async def _arriving(self, utt: Utterance, batches: AsyncGenerator[list[Step], None]
-                        ) -> AsyncGenerator[list[Step], None]:
-        """A streamed text's sentences, with the wait for each marked as waiting for text
-        (time the watchdog must not count as synthesis stuck)."""
-        first = True
-        async with contextlib.aclosing(batches):
-            while True:
-                utt.waiting_text = True
-                try:
-                    steps = await anext(batches)
-                except StopAsyncIteration:
-                    return
-                finally:
-                    utt.waiting_text = False
-                    self._progress()
-                if first:  # the time the writer took to finish a sentence is not herald's
-                    first = False
-                    for u in (utt, *utt.tee):
-                        skip_writing(u.req.timeline)
-                yield steps
 
     async def _play(self, utt: Utterance) -> None:
         req, t = utt.req, utt.req.timeline

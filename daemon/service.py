@@ -215,6 +215,8 @@ class Service:
                     self._apply_synthesis(new.synthesis)
                 self.settings = old.model_copy(update={"log_level": new.log_level,
                                                        "synthesis": new.synthesis})
+                log.info("reload done: %s", ", ".join(changed) + " applied" if changed
+                         else "no setting that applies live changed")
             self._status()
             return
         if read is not None:

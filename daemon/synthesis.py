@@ -1,7 +1,7 @@
 """What the fronts and the scheduler need of whatever makes the audio, as contracts: the
 engine (a model in this process) fulfils them, and on a satellite (``node.role``, issue 19),
 which has no model, the fleet's list of the voices its online workers offer fulfils the
-fronts' part, while each request carries its audio's source (``Request.source``).
+fronts' part, while each request carries its audio's source (``AudioSource``).
 
 So neither the fronts nor the scheduler import the engine, and a satellite never imports
 torch."""
@@ -95,3 +95,22 @@ class Synthesis(VoiceList, Protocol):
 
     def stream_steps(self, batches: AsyncGenerator[list[Step], None], voice: str | None,
                      options: SynthesisOptions) -> AsyncGenerator[AudioChunk, None]: ...
+
+
+class AudioSource(Protocol):
+    """A request's audio made somewhere else (a fleet worker, issue 19), played in place of a
+    synthesis: the scheduler treats it as its synthesis (queue, lanes, events, stop, latency
+    record) without knowing where it comes from.
+
+    ``pcm()`` is called once, when the scheduler would start synthesizing (the request's
+    turn, or the one before it: prefetch); it yields s16le mono PCM in ``format`` and ends
+    at the audio's end, or raises ``daemon.request.RequestError`` saying why it cannot go
+    on. Closing it
+    (``aclose``: the request was stopped or its sinks left) gives the work up wherever it
+    is done.
+    """
+
+    @property
+    def format(self) -> AudioFormat: ...
+
+    def pcm(self) -> AsyncGenerator[bytes, None]: ...

@@ -1,18 +1,27 @@
 """One job's parts while the scheduler holds it: the audio synthesized ahead of its sinks
-(``AudioBuffer``), the job itself (``Utterance``) and the lane it waits and runs in."""
+(``AudioBuffer``), the job itself (``Utterance``) and the lane it waits and runs in, and its
+text made audio by the engine (``from_text``)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from tts.audio import AudioFormat
+from tts.audio import AudioFormat, to_pcm16
 
 from .buffer import AudioBuffer
 from .metrics import Timeline
 from .request import Request, RequestError, failure
+
+if TYPE_CHECKING:
+    from tts.compose import Step
+    from tts.options import SynthesisOptions
+
+    from .synthesis import Synthesis
 
 
 @dataclass(eq=False)
@@ -96,3 +105,42 @@ def skip_writing(t: Timeline) -> None:
         wait = time.monotonic() - t.started
         t.received += wait
         t.started += wait
+
+
+async def from_text(engine: Synthesis, utt: Utterance, base: SynthesisOptions,
+                    progress: Callable[[], None]) -> AsyncGenerator[bytes, None]:
+    """The utterance's text through the engine, as PCM (``base``: the configured defaults
+    its options go on; ``progress`` as each streamed sentence comes)."""
+    req = utt.req
+    opts = req.options(base)
+    if req.stream is None:
+        chunks = engine.stream(req.text, req.voice, opts, req.text_format)
+    else:
+        planner = engine.planner(req.voice, opts, req.text_format)
+        chunks = engine.stream_steps(_arriving(utt, req.stream.steps(planner), progress),
+                                     req.voice, opts)
+    async with contextlib.aclosing(chunks):
+        async for chunk in chunks:
+            yield to_pcm16(chunk.samples)
+
+
+async def _arriving(utt: Utterance, batches: AsyncGenerator[list[Step], None],
+                    progress: Callable[[], None]) -> AsyncGenerator[list[Step], None]:
+    """A streamed text's sentences, with the wait for each marked as waiting for text
+    (time the watchdog must not count as synthesis stuck)."""
+    first = True
+    async with contextlib.aclosing(batches):
+        while True:
+            utt.waiting_text = True
+            try:
+                steps = await anext(batches)
+            except StopAsyncIteration:
+                return
+            finally:
+                utt.waiting_text = False
+                progress()
+            if first:  # the time the writer took to finish a sentence is not herald's
+                first = False
+                for u in (utt, *utt.tee):
+                    skip_writing(u.req.timeline)
+            yield steps

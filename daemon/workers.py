@@ -68,6 +68,11 @@ class Workers:
         self._streams: set[Render[Any]] = set()  # renders playing now, parked or not
         self.first_cost = FIRST_COST  # seconds a render's first chunk takes, running estimate
         self.held = 0  # new streams waiting for room (see daemon.deadlines.admitted)
+        # The pace of whole windows (compute seconds per audio second), over every stream: a
+        # stream's first windows are small and cost several times more per second of audio
+        # than the windows it settles into, so admission counts a young stream at this pace.
+        self.pace: float | None = None
+        self._largest = 0.0  # the most audio one step has made: a whole window
         self._workers = [_Worker(self, f"{name}-{i}") for i in range(n)]
         # The last one to go idle is the first woken; worker 0 first of all.
         self._idle: list[_Worker] = self._workers[::-1]
@@ -150,7 +155,7 @@ class Workers:
         if not self._waiting:
             return None
         states = [q.state(self.first_cost) for q in self._waiting]
-        rtfs = [r.rtf for r in self._streams]
+        rtfs = [r.need for r in self._streams]
         i = pick(states, time.monotonic(), rtfs, self._n)
         held = sum(1 for k, d in enumerate(states)
                    if k != i and d.runs_out is None and not admitted(d, rtfs, self._n))
@@ -170,6 +175,16 @@ class Workers:
 
     def first_step_took(self, seconds: float) -> None:
         self.first_cost += _SMOOTHING * (seconds - self.first_cost)
+
+    def whole_window(self, seconds: float, rtf: float) -> bool:
+        """Note a step's audio and pace; True if it was a whole window (as much audio as
+        the largest step yet, within a tenth), whose pace then updates ``pace``."""
+        with self._lock:
+            self._largest = max(self._largest, seconds)
+            if seconds < 0.9 * self._largest:
+                return False
+            self.pace = rtf if self.pace is None else self.pace + _SMOOTHING * (rtf - self.pace)
+            return True
 
 
 _current = threading.local()  # .worker: the _Worker running on this thread
@@ -233,6 +248,7 @@ class Render(Generic[T]):
         self._cost: float | None = None  # seconds the next step should take
         self._last_seconds = 0.0  # audio in the last chunk
         self.rtf = 0.0  # seconds of computing per second of audio, running estimate
+        self._steady: float | None = None  # the same, over whole windows only
         self._loop = asyncio.get_running_loop()
         self._ready: deque[object] = deque()  # handed over, not yet taken (loop side only)
         self._wake: asyncio.Future[None] | None = None
@@ -280,7 +296,7 @@ class Render(Generic[T]):
         if self._seconds is None:
             return Due(queued, cost)
         runs_out = None if self._first_out is None else self._first_out + self._handed
-        return Due(queued, cost, runs_out, self.rtf, stream=True)
+        return Due(queued, cost, runs_out, self.need, stream=True)
 
     def _step(self) -> bool:
         """On a worker: one chunk, handed to the loop. True: compute the next one now."""
@@ -352,6 +368,18 @@ class Render(Generic[T]):
         if seconds > 0 and not first:
             rtf = took / seconds
             self.rtf = rtf if self.rtf == 0.0 else self.rtf + _SMOOTHING * (rtf - self.rtf)
+            if self._workers.whole_window(seconds, rtf):
+                self._steady = rtf if self._steady is None else (
+                    self._steady + _SMOOTHING * (rtf - self._steady))
+
+    @property
+    def need(self) -> float:
+        """The share of a worker this stream needs from here on to keep real time: its pace
+        over whole windows; before it has made one, the pool's (its small first windows
+        would overstate it several times, and keep new streams waiting for nothing)."""
+        if self._steady is not None:
+            return self._steady
+        return self._workers.pace if self._workers.pace is not None else self.rtf
 
     def _end(self) -> None:
         self._workers.playing(self, False)

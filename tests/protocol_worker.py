@@ -150,7 +150,12 @@ class ProtocolWorker:
                 job = {**job, "text": self.seen.texts[jid]}
         else:
             self._state(job, "claimed")
-        pcm = self.render(job)
+        rendered = threading.Event()  # a worker heartbeats while it synthesizes, too
+        threading.Thread(target=self._beat_until, args=(job, rendered), daemon=True).start()
+        try:
+            pcm = self.render(job)
+        finally:
+            rendered.set()
         rate = next(v["rate"] for v in self.voices if v["name"] == job["voice"])
         n = rate * job["chunk_ms"] // 1000
         chunks = [pcm[i:i + 2 * n] for i in range(0, len(pcm), 2 * n)]
@@ -183,6 +188,12 @@ class ProtocolWorker:
             time.sleep(self.b.pace)
         self._stop(job, len(chunks), "finished", samples=len(pcm) // 2)
         self._state(job, "done", chunks=len(chunks))
+
+    def _beat_until(self, job: dict[str, Any], done: threading.Event) -> None:
+        while not done.wait(self.b.heartbeat):
+            if self.dead or self._cancelled_(job):
+                return
+            self._state(job, "working")
 
     def _stop(self, job: dict[str, Any], chunks: int, outcome: str, samples: int = 0) -> None:
         self.c.publish(f"{job['audio']}/{job['job']}/stop", json.dumps({

@@ -2,7 +2,7 @@
 carry: audio from a fleet worker), with no engine at all: the same lanes, events, stop, cue
 and latency record as a synthesized request.
 
-``Feed`` is a source as the contract (``daemon.request.AudioSource``) describes it: it yields
+``Feed`` is a source as the contract (``daemon.synthesis.AudioSource``) describes it: it yields
 its PCM piece by piece at a pace, and records when it was opened and whether it was closed.
 """
 

@@ -183,10 +183,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     started: list[HeraldProcess] = []
 
     def start_worker(device: str, topic: str) -> HeraldProcess:
+        """Start (or start again) a worker; each run logs into a file of its own."""
         d = tmp / device
-        d.mkdir()
+        d.mkdir(exist_ok=True)
         (d / "herald.toml").write_text(worker_config(device, broker.port, topic))
-        h = start_herald(d / "herald.toml", d / "herald.log")
+        runs = len(list(d.glob("herald*.log")))
+        h = start_herald(d / "herald.toml", d / f"herald{runs or ''}.log")
         started.append(h)
         return h
 
@@ -281,12 +283,25 @@ def test_skip_chunks_resumes_with_the_same_chunks(fleet: Fleet) -> None:
     assert topics[0] == "start" and topics[1] == f"chunk/{k}" and topics[-1] == "stop"
 
 
+def test_a_group_job_says_when_to_play(fleet: Fleet) -> None:
+    """``sync``: ``start`` carries ``play_at``, ``fleet.sync_delay`` (0.4 s) after it went
+    out with the first chunk, so every member of the group starts at that moment."""
+    owner, prefix = fleet.owner, f"{SOLO}/group/downstairs/audio"
+    owner.send(job("together", SHORT, prefix, sync=True), SOLO)
+    start, chunks, stop = owner.wait_audio(prefix, "together")
+    received = next(m.at for m in owner.audio(prefix, "together") if m.topic.endswith("/start"))
+    assert start["play_at"] is not None and 0.1 < start["play_at"] - received <= 0.4, (
+        start["play_at"] - received)
+    assert stop["outcome"] == "finished" and sorted(chunks) == list(range(stop["chunks"]))
+
+
 def test_a_duplicate_delivery_is_ignored(fleet: Fleet) -> None:
     owner, prefix = fleet.owner, device_audio(SOLO)
     copy = job("twice", SHORT, prefix)
     owner.send(copy, SOLO)
-    owner.send(copy, SOLO)
+    owner.send(copy, SOLO)  # while the worker holds the job
     owner.wait_state("twice", fleet=SOLO)
+    owner.send(copy, SOLO)  # and once it is done
     time.sleep(1.0)  # a second claim or refusal would come meanwhile
     assert [s["state"] for s in owner.states("twice", SOLO)
             if s["state"] != "working"] == ["claimed", "done"]
@@ -420,6 +435,33 @@ def test_jobs_from_four_owners_spread_over_both_workers(fleet: Fleet) -> None:
     finally:
         for o in owners:
             o.close()
+
+
+def test_a_stopped_worker_hands_its_job_back_and_leaves_the_share_group(fleet: Fleet
+                                                                        ) -> None:
+    """SIGTERM mid-job: the job is answered ``failed``/``unavailable`` (its owner sends it to
+    another worker at once), the audio stops, the presence says offline. While the worker is
+    gone a job sent to its share group is not kept for it: its session ended with it."""
+    owner, prefix = fleet.owner, device_audio(SOLO)
+    owner.send(job("handed-back", LONG, prefix), SOLO)
+    owner.wait_state("handed-back", ("working",), SOLO)
+    left = time.time()
+    assert fleet.workers["w3"].terminate() == 0
+    state = owner.wait_state("handed-back", fleet=SOLO)
+    assert state["state"] == "failed" and state["code"] == "unavailable", state
+    _, _, stop = owner.wait_audio(prefix, "handed-back")
+    assert stop["outcome"] == "stopped"
+    owner.wait(lambda ms: any(m.topic == f"{SOLO}/nodes/w3" and m.at >= left and
+                              m.json()["state"] == "offline" for m in ms), "offline")
+    owner.send(job("while-away", SHORT, prefix), SOLO)
+    time.sleep(0.5)
+    fleet.workers["w3"] = again = fleet.start_worker("w3", SOLO)
+    again.wait_log("taking jobs from")
+    owner.wait(lambda ms: any(m.topic == f"{SOLO}/nodes/w3" and m.at >= left and
+                              m.json()["state"] == "online" for m in ms), "online again")
+    owner.send(job("after-return", SHORT, prefix), SOLO)
+    assert owner.wait_state("after-return", fleet=SOLO)["state"] == "done"
+    assert owner.states("while-away", SOLO) == []
 
 
 def test_a_killed_worker_stops_its_heartbeats(fleet: Fleet) -> None:

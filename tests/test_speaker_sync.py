@@ -92,12 +92,14 @@ def test_an_utterance_starts_at_its_time_or_says_how_late_it_is(  # type: ignore
     for r in (late, timed, plain):
         assert_whole(r, x)
 
-    # Past: started at once, and said so. Its first sample was heard the device's
-    # unreported latency after the DAC time the sink reported for it (start_at + skew).
+    # Past: started at once (as soon after the call as one with no start time), and said
+    # so. Its first sample was heard the device's unreported latency after the DAC time the
+    # sink reported for it (start_at + skew).
     assert late["stats"]["skew"] >= 0.3, late["stats"]
     unreported = late["heard"] - (late["start_at"] + late["stats"]["skew"])
     assert 0 <= unreported < 0.3, unreported  # a buffer, a period, the FIFO
-    assert late["heard"] - late["called_at"] < 0.3 + unreported, "not started at once"
+    at_once = plain["heard"] - plain["called_at"]
+    assert late["heard"] - late["called_at"] < at_once + 0.1, (late["heard"], at_once)
 
     # In the future: the sink says it started on time, and the device heard it on time, give
     # or take the latency it doesn't report, which is the same as when started at once.
@@ -160,8 +162,8 @@ def test_two_speakers_given_one_start_time_start_together(  # type: ignore[no-un
 
 
 # The scheduler and the speaker of a herald in one process, on a paced device: a request
-# with a start time (``play_at``, which the fleet sets), and one without behind it; then one
-# whose time comes while the speaker is busy with a long one.
+# without a start time (which also loads the voice), one with (``play_at``, which the fleet
+# sets), then one whose time comes while the speaker is busy with a long one.
 SCHEDULED = """
 import asyncio, json, sys, time
 sys.path.insert(0, "tests")
@@ -185,10 +187,12 @@ async def main():
     speaker = SpeakerSink(SpeakerSettings(), metrics)
     await speaker.start(AudioFormat(rate))
     scheduler = Scheduler(engine, metrics, SchedulerSettings(), SynthesisOptions(), speaker)
-    play_at = time.time() + 3.0
-    timed = scheduler.submit(Request(text=text, id="timed", seed=3, play_at=play_at))
-    now = scheduler.submit(Request(text=text, id="now", seed=3))
-    outcomes = await asyncio.gather(timed, now)
+    outcomes = [await scheduler.submit(Request(text=text, id="now", seed=3))]
+    await pacer.quiet()
+    timed_from = pacer.consumed
+    play_at = time.time() + 2.0
+    outcomes.append(await scheduler.submit(Request(text=text, id="timed", seed=3,
+                                                   play_at=play_at)))
     await pacer.quiet()
     busy_from = pacer.consumed
     busy = scheduler.submit(Request(text=long, id="busy", seed=4))
@@ -200,7 +204,7 @@ async def main():
     await pacer.quiet()
     pacer.stop()
     print(json.dumps({"outcomes": outcomes, "play_at": play_at, "busy_at": busy_at,
-                      "busy_from": busy_from, "stamps": pacer.stamps,
+                      "timed_from": timed_from, "busy_from": busy_from, "stamps": pacer.stamps,
                       "records": [r.as_dict() for r in records]}))
 
 asyncio.run(main())
@@ -228,7 +232,7 @@ def test_a_request_with_a_start_time_is_heard_then_and_its_record_has_the_skew( 
     # the module's docstring); synthesized long before it, it was held, not played at once.
     ref = as_samples(reference_pcm(synth, SHORT, SynthesisOptions(seed=3)))
     heard = as_samples(dev.out.read_bytes())
-    at = locate(heard, ref, 0)
+    at = locate(heard, ref, result["timed_from"] // 2)
     assert_pcm_close(heard[at:at + len(ref)], ref, "the timed utterance")
     late = heard_at(result["stamps"], 2 * at) - result["play_at"]
     assert 0 <= late < 0.3, late

@@ -153,6 +153,28 @@ async def test_a_stream_that_cannot_fit_in_real_time_waits_and_is_counted(worker
     assert log.index("b") > len(log) - 3 and pool.held == 0
 
 
+async def test_a_young_stream_counts_at_the_pace_of_whole_windows(workers) -> None:
+    """A stream's first windows are small and cost more per second of audio than the whole
+    windows it settles into. Once the pool has measured whole windows, a young stream is
+    counted at their pace: a second stream starts beside it instead of waiting until the
+    first is done because its own small windows made it look like it needed the worker."""
+    pool = workers(1)
+    log: list[str] = []
+    assert await take_all(Render(slow_chunks(4, log, "w"), pool, limit=100,
+                                 seconds=lambda _: 1.0)) == [0, 1, 2, 3]
+    assert pool.pace is not None and pool.pace < 0.05  # whole 1 s windows at 10 ms each
+    # Windows of 20 ms at 10 ms each: half the worker by its own windows so far.
+    a = Render(slow_chunks(40, log, "a"), pool, limit=100, seconds=lambda _: 0.02)
+    for i in range(3):
+        assert await a.get() == i
+    assert a.rtf > 0.4 and a.need == pool.pace
+    b = Render(slow_chunks(2, log, "b"), pool, limit=100, seconds=lambda _: 1.0)
+    rest_a, all_b = await asyncio.gather(take_all(a), take_all(b))
+    assert rest_a == list(range(3, 40)) and all_b == [0, 1]
+    assert pool.held == 0
+    assert "a" in log[log.index("b"):]  # b started while a was still playing
+
+
 async def test_a_parked_render_holds_no_thread(workers) -> None:
     """One worker: a render nobody reads stops after `limit` chunks, and another one runs."""
     pool = workers(1)

@@ -117,7 +117,7 @@ class Incoming:
 
 
 class IncomingSource:
-    """An ``Incoming`` as a request's audio source (``daemon.request.AudioSource``): what a
+    """An ``Incoming`` as a request's audio source (``daemon.synthesis.AudioSource``): what a
     group member plays."""
 
     def __init__(self, incoming: Incoming, fmt: AudioFormat) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from ..fronts.mqtt.connection import Connection
+from ..fronts.mqtt.connection import Connection, call_soon
 from ..settings import Settings
 from .messages import Presence, VoiceInfo
 from .topics import FleetTopics
@@ -141,13 +141,7 @@ class FleetLink:
         self._call(self._dispatch, msg.topic, bytes(msg.payload), bool(msg.retain))
 
     def _call(self, fn: Any, *args: Any) -> None:
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the loop closed under us: shutting down
-            pass
+        call_soon(self._loop, fn, *args)
 
     # ------------------------------------------------------------------ event loop
 

@@ -100,10 +100,11 @@ class FleetNode:
             self.front.publish_event(ev)
 
     def _group_limits(self) -> Limits:
-        """A group announcement's limits: the device's, but a request naming no voice gets
-        the fleet's default voice, not this member's ``set/voice``."""
+        """A group announcement's limits: the device's, but its voice is one the fleet's
+        workers offer (the fleet's default if it names none, not this member's
+        ``set/voice``), whatever this node has itself."""
         mqtt = self.settings.mqtt
-        voices = self.ctx.voice_list
+        voices = self.voices
         return Limits(mqtt.max_text, ("speaker",), lambda name: voices.resolve_voice(name),
                       voices.check_speaker, mqtt.max_age)
 

@@ -17,7 +17,7 @@ attempt, so the rules below hold on any MQTT 5 broker, whatever it redelivers:
 
 Streamed text (``say/stream``) goes on ``F/job/<job>/text`` from the offset the claim names.
 Stopping the request cancels the job. ``JobSource`` is a device request's audio source
-(``daemon.request.AudioSource``); a group announcement (``announce``) is a job of its own,
+(``daemon.synthesis.AudioSource``); a group announcement (``announce``) is a job of its own,
 which every member plays from the group's audio (``daemon.fleet.receiver``).
 """
 
@@ -119,6 +119,8 @@ class Pool:
         except asyncio.CancelledError:
             events({"event": "stopped", "id": rid})
             raise
+        finally:
+            self.receiver.release(rid)  # this member's playback holds it as long as it needs
         events({"event": "finished", "id": rid})
 
     def stop_announcements(self, group: str, job_id: str | None = None) -> list[str]:
@@ -181,6 +183,7 @@ class JobSource:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError, RequestError):
                 await task
+            pool.receiver.release(req.id)  # once all of it is read, not when it has come
 
 
 class Supervisor:
@@ -263,7 +266,6 @@ class Supervisor:
             pool.link.unsubscribe(pool.topics.job_state(rid))
             if pool.jobs.get(rid) is self:
                 del pool.jobs[rid]
-            pool.receiver.release(rid)
 
     def _send(self) -> None:
         pool, req = self.pool, self.req

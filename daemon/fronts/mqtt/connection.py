@@ -219,6 +219,17 @@ class Connection:
             client.subscribe([(t, 1) for t in topics])
 
 
+def call_soon(loop: asyncio.AbstractEventLoop | None, fn: Any, *args: Any) -> None:
+    """Run ``fn(*args)`` on ``loop`` from any thread (a paho callback hands off with it);
+    nothing once the loop is gone or closing: herald is shutting down."""
+    if loop is None or loop.is_closed():
+        return
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop closed under us
+        pass
+
+
 async def _run_in_daemon_thread(fn: Any, timeout: float) -> bool:
     """Run a blocking call off the loop; True if it returned within ``timeout``."""
     loop = asyncio.get_running_loop()

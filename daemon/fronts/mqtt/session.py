@@ -35,7 +35,7 @@ from ...scheduler import Scheduler
 from ...settings import MqttSettings
 from ...topics import AVAILABILITY_OFFLINE, AVAILABILITY_ONLINE, Topics, check_publish_topic
 from .commands import Commands
-from .connection import Connection
+from .connection import Connection, call_soon
 from .discovery import Discovery
 from .extension import Extension, Message, Route
 from .hermes import Hermes
@@ -195,13 +195,7 @@ class MqttFront:
         self._call(self._dispatch, Message(topic, payload, msg.retain, Timeline(), via_stream))
 
     def _call(self, fn: Any, *args: Any) -> None:
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the loop closed under us: shutting down
-            pass
+        call_soon(self._loop, fn, *args)
 
     # ------------------------------------------------------------------ event loop
 

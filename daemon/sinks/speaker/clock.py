@@ -10,9 +10,9 @@ CLOCK_MONOTONIC; other host APIs use other bases. ``DeviceClock`` is the one pla
 two clocks meet:
 
 * it keeps the offset between them (wall minus device), measured in every callback. A
-  sample taken in the callback can only be late (the thread ran after the device's clock
-  was read), so the estimate is the smallest recent sample, allowed to creep up by no more
-  than NTP may slew a clock (500 ppm), and reset when the clocks jump apart;
+  sample taken in the callback can only be too big (the thread ran after the device's
+  clock was read), so the estimate is the smallest sample of the last ``WINDOW`` seconds:
+  a late thread doesn't move it, a stepped clock is followed within that time;
 * a block's DAC time is the later of what the device reports for it and what the blocks
   before it in this stream make it (the previous one's DAC time plus its length): a device
   cannot play a block before it has played the one before. On a real device the two agree;
@@ -38,15 +38,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 
 # Seconds the stream is started earlier than it needs: the loop's timer firing late, the
 # speaker thread's hop and PortAudio's start. Only silence is played in it.
 START_MARGIN = 0.1
-# How fast the offset between the clocks may grow between two samples: NTP slews a clock by
-# at most 500 ppm. (It may shrink at once: a smaller sample is simply a better one.)
-MAX_SLEW = 500e-6
-# Samples further apart than this are not noise: a clock stepped, or another base.
-JUMP = 0.5
+# Seconds of offset samples the estimate is the smallest of: dozens of callbacks, and short
+# enough that NTP's slewing (at most 500 ppm) moves the offset by less than a millisecond.
+WINDOW = 2.0
 # How far ahead of "now" a DAC time can sensibly be; beyond it the stamps are not usable.
 MAX_DELAY = 10.0
 
@@ -62,7 +61,9 @@ class DeviceClock:
         self.latency, self.rate = latency, rate
         self.startup = latency  # learnt: stream start -> first block at the DAC, seconds
         self.offset: float | None = None  # wall clock minus device clock
-        self._last = 0.0  # device time of the last sample
+        # (device time, offset sample) of the last WINDOW seconds, samples increasing: the
+        # first is the smallest
+        self._samples: deque[tuple[float, float]] = deque()
         self._started_at: float | None = None  # wall time the sink started the stream
         self._frames = 0  # frames handed to the device since the stream started
         self._anchor: float | None = None  # device time of the stream's frame 0
@@ -77,13 +78,15 @@ class DeviceClock:
                 and math.isfinite(current) and math.isfinite(dac)):
             current = time.monotonic()
             dac = current + self.latency
-        sample = wall - current
-        if (self.offset is None or abs(sample - self.offset) > JUMP
-                or current < self._last - JUMP):
-            self.offset = sample
-        else:
-            self.offset = min(sample, self.offset + (current - self._last) * MAX_SLEW)
-        self._last = current
+        sample, samples = wall - current, self._samples
+        if samples and current < samples[-1][0]:  # the device's clock went back: a new base
+            samples.clear()
+        while samples and samples[-1][1] >= sample:
+            samples.pop()
+        samples.append((current, sample))
+        while samples[0][0] < current - WINDOW:
+            samples.popleft()
+        self.offset = samples[0][1]
         started, self._started_at = self._started_at, None
         if started is not None:  # the first block since the sink started the stream
             self._frames, self._anchor = 0, None
