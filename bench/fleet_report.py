@@ -1,83 +1,116 @@
-"""The fleet benchmark's table (``bench.fleet``; ``--json`` prints the same figures raw)."""
+"""The fleet benchmark's tables (``bench.fleet``; ``--json`` prints the same figures raw)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+Row = dict[str, Any]
+Column = tuple[str, int, Callable[[Row], str]]  # header, width, the cell
 
 
 def _n(x: Any, fmt: str = ".0f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _f(key: str, fmt: str = ".0f") -> Callable[[Row], str]:
+    return lambda x: _n(x[key], fmt)
+
+
+def _pair(a: str, b: str, fmt: str = ".0f") -> Callable[[Row], str]:
+    """Two figures as "a / b" (a median and the slowest)."""
+    return lambda x: f"{_n(x[a], fmt)} / {_n(x[b], fmt)}"
+
+
+def table(title: str, columns: list[Column], rows: list[Row],
+          extra: Callable[[Row], str] = lambda x: "") -> None:
+    """``rows`` under ``title``, one column per spec, ``extra`` after the last column."""
+    print(f"\n{title}")
+    head = " ".join(f"{h:>{w}}" for h, w, _ in columns)
+    print(head + "\n" + "-" * len(head))
+    for x in rows:
+        print(" ".join(f"{cell(x):>{w}}" for _, w, cell in columns) + extra(x))
+
+
+WHO: list[Column] = [("w", 1, _f("workers")), ("n", 3, _f("satellites"))]
+
+LATENCY: list[Column] = [
+    *WHO, ("kind", 5, lambda x: x["kind"]), ("text", 5, lambda x: x["text"]),
+    ("chunk0@bench", 12, _f("probe_first_chunk_ms")),
+    ("audio at satellite", 18, _pair("satellite_first_ms", "satellite_first_slowest_ms")),
+    ("playback start", 15, _pair("playback_ms", "playback_slowest_ms")),
+    ("skew", 5, _f("start_skew_ms", ".1f")), ("spread", 6, _f("start_skew_spread_ms", ".1f")),
+    ("worker 1st", 10, _f("worker_first_ms")), ("rtf", 5, _f("worker_rtf", ".3f"))]
+
+FANOUT: list[Column] = [
+    *WHO, ("text", 5, lambda x: x["text"]), ("chunks", 6, _f("audio_chunks")),
+    ("CPU ms", 7, _f("broker_cpu_ms", ".2f")), ("messages", 8, _f("messages", ".1f")),
+    ("payload kB", 10, _f("payload_kb", ".1f")), ("wire kB", 8, _f("kb", ".1f")),
+    ("worker CPU ms", 13, _f("worker_cpu_ms")),
+    ("member CPU ms med/max", 21, _pair("satellite_cpu_ms", "satellite_cpu_max_ms"))]
+
+BURSTS: list[Column] = [
+    ("w", 1, _f("workers")), ("k", 3, _f("k")), ("ok", 3, _f("ok")),
+    ("failed", 6, _f("failed")), ("seconds", 7, _f("seconds", ".2f")),
+    ("jobs/s", 6, _f("jobs_per_s", ".2f")),
+    ("first audio med / slowest", 25, _pair("first_ms", "first_slowest_ms")),
+    ("worker queue", 12, _f("worker_queue_ms")), ("rtf", 5, _f("worker_rtf", ".3f"))]
+
+STREAMS: list[Column] = [
+    ("w", 1, _f("workers")), ("N", 3, _f("streams")),
+    ("worst gap", 9, _f("worst_gap_ms")), ("with gaps", 9, _f("streams_with_gaps")),
+    ("buffered", 8, _f("worst_gap_buffered_ms")),
+    ("slowest first", 13, _f("slowest_first_ms")), ("in time", 7, _f("started_in_time")),
+    ("rtf med/max", 11, _pair("worker_rtf", "worker_rtf_max", ".2f")),
+    ("real time", 9, lambda x: "yes" if x["real_time"] else "no")]
+
+
+def not_played(x: Row) -> str:
+    return f"  ({x['failed']:.0f} not played)" if x["failed"] else ""
+
+
 def print_report(r: dict[str, Any]) -> None:
-    load = lambda xs: "/".join(f"{x:.2f}" for x in xs)  # noqa: E731
+    def load(xs: list[float]) -> str:
+        return "/".join(f"{x:.2f}" for x in xs)
+
     print(f"herald fleet benchmark, {r['date']}, {r['cpus']} CPUs, load average (1/5/15 min) "
           f"{load(r['load_before'])} before, {load(r['load_after'])} after, {r['seconds']} s; "
           f"medians of {r['repeats']}")
     print("workers: one torch thread each (one core); satellites: no model, speaker on ALSA "
           "null; one host, loopback")
+    print("load average (1 min) as each phase began: "
+          + ", ".join(f"{at} {x:.1f}" for at, _, x in r["load_during"]))
 
-    print("\njob latency, ms from the publish (group: announcement to the n members; own: "
-          "one satellite's say)")
-    head = (f"{'w':>1} {'n':>3} {'kind':5} {'text':5} {'chunk0@bench':>12} "
-            f"{'audio at satellite':>18} {'playback start':>15} {'skew':>5} {'spread':>6} "
-            f"{'worker 1st':>10} {'rtf':>5}")
-    print(head + "\n" + "-" * len(head))
-    for x in r["latency"]:
-        print(f"{x['workers']:>1} {x['satellites']:>3} {x['kind']:5} {x['text']:5} "
-              f"{x['probe_first_chunk_ms']:>12.0f} "
-              f"{x['satellite_first_ms']:>8.0f} / {x['satellite_first_slowest_ms']:<7.0f} "
-              f"{x['playback_ms']:>6.0f} / {x['playback_slowest_ms']:<6.0f} "
-              f"{_n(x['start_skew_ms'], '.1f'):>5} {_n(x['start_skew_spread_ms'], '.1f'):>6} "
-              f"{x['worker_first_ms']:>10.0f} {x['worker_rtf']:>5.3f}")
+    table("job latency, ms from the publish (group: announcement to the n members; own: one "
+          "satellite's say)", LATENCY, r["latency"], not_played)
     print("(audio at satellite, playback start: median / slowest satellite; skew: members' "
           "start_skew_ms, spread: latest - earliest)")
 
-    print("\nfan-out per announcement: Mosquitto (without the benchmark's own subscription "
-          "and its idle cost), the workers, each member")
-    head = (f"{'w':>1} {'n':>3} {'text':5} {'chunks':>6} {'CPU ms':>7} {'messages':>8} "
-            f"{'payload kB':>10} {'wire kB':>8} {'worker CPU ms':>13} "
-            f"{'member CPU ms med/max':>21}")
-    print(head + "\n" + "-" * len(head))
-    for x in r["fanout"]:
-        print(f"{x['workers']:>1} {x['satellites']:>3} {x['text']:5} {x['audio_chunks']:>6.0f} "
-              f"{x['broker_cpu_ms']:>7.2f} {x['messages']:>8.1f} {x['payload_kb']:>10.1f} "
-              f"{x['kb']:>8.1f} {x['worker_cpu_ms']:>13.0f} "
-              f"{x['satellite_cpu_ms']:>12.0f} / {x['satellite_cpu_max_ms']:<6.0f}")
+    table("fan-out per announcement: Mosquitto (without the benchmark's own subscription and "
+          "its idle cost), the workers, each member", FANOUT, r["fanout"])
     idle = r["broker_idle"]
     print(f"(idle, subtracted: {idle['cpu'] * 1000:.2f} ms CPU/s, {idle['messages']:.1f} "
           "messages/s)")
 
     if r["bursts"]:
-        print("\nshort commands from k satellites at once")
-        head = (f"{'w':>1} {'k':>3} {'ok':>3} {'failed':>6} {'seconds':>7} {'jobs/s':>6} "
-                f"{'first audio med / slowest':>25} {'worker queue':>12} {'rtf':>5}  refused")
-        print(head + "\n" + "-" * len(head))
-        for x in r["bursts"]:
-            print(f"{x['workers']:>1} {x['k']:>3} {x['ok']:>3} {x['failed']:>6} "
-                  f"{x['seconds']:>7.2f} {x['jobs_per_s']:>6.2f} "
-                  f"{_n(x['first_ms']):>14} / {_n(x['first_slowest_ms']):<8} "
-                  f"{_n(x['worker_queue_ms']):>12} {_n(x['worker_rtf'], '.3f'):>5}  "
-                  f"{', '.join(x['refused']) or '-'}")
+        table("short commands from k satellites at once", BURSTS, r["bursts"],
+              lambda x: f"  {', '.join(x['refused']) or '-'}")
 
     if r["streams"]:
-        print("\nconcurrent streams of the long sentence (gaps: played from the first chunk; "
+        table(f"concurrent streams of the long sentence (gaps: played from the first chunk; "
               f"buffered: from {r['buffer_ms']:.0f} ms after it; in time: first chunk within "
-              f"{r['start_ms']:.0f} ms)")
-        head = (f"{'w':>1} {'N':>3} {'worst gap':>9} {'with gaps':>9} {'buffered':>8} "
-                f"{'slowest first':>13} {'in time':>7} {'rtf med/max':>11} {'real time':>9}  "
-                "last round's gaps (ms)")
-        print(head + "\n" + "-" * len(head))
-        for x in r["streams"]:
-            print(f"{x['workers']:>1} {x['streams']:>3} {x['worst_gap_ms']:>7.0f}ms "
-                  f"{x['streams_with_gaps']:>9.0f} {x['worst_gap_buffered_ms']:>6.0f}ms "
-                  f"{x['slowest_first_ms']:>11.0f}ms {x['started_in_time']:>7.0f} "
-                  f"{x['worker_rtf']:>5.2f}/{x['worker_rtf_max']:<5.2f} "
-                  f"{'yes' if x['real_time'] else 'no':>9}  "
-                  f"{', '.join(str(g) for g in x['last_round_gaps_ms'])}")
+              f"{r['start_ms']:.0f} ms)", STREAMS, r["streams"],
+              lambda x: "  gaps " + ", ".join(str(g) for g in x["last_round_gaps_ms"])
+              + not_played(x))
         kept = ", ".join(f"{w} worker(s): {n}" for w, n in r["real_time_streams"].items())
         print(f"streams kept in real time: {kept} (workers' fleet.slots: "
               f"{r['worker_slots']})")
+
+    if r["failures"]:
+        print(f"\n{len(r['failures'])} request(s) a satellite did not play (left out above):")
+        for f in r["failures"][:10]:
+            print(f"  {f['id']} on {f['device']}: {f['outcome']}; "
+                  + (" | ".join(f["log"]) or "nothing in its log"))
 
     print("\nmemory, MiB (median / largest)")
     for when in ("memory_idle", "memory_end"):

@@ -72,6 +72,12 @@ class Node:
                     self.queued.setdefault(m.group(2), stamp)
         return self.queued.get(request_id)
 
+    def trouble(self, request_id: str) -> list[str]:
+        """This node's warnings and errors about ``request_id`` (its log's lines)."""
+        text = self.log.read_text(errors="replace")
+        return [line for line in text.splitlines()
+                if f"[{request_id}]" in line and (" WARNING " in line or " ERROR " in line)]
+
     def memory_kb(self) -> dict[str, int]:
         """Resident memory now (rss), its high-water mark (hwm) and the proportional share
         (pss: a page shared by k processes counts 1/k), in KiB."""
