@@ -101,7 +101,13 @@ class Fleet:
             t0 = time.time()
             for s in sats:
                 self.probe.publish(say_topic(s), {"id": rids[s], "text": text})
-            return t0, rids, {s: self.records([s], rids[s])[s] for s in sats}
+            records = {s: self.records([s], rids[s])[s] for s in sats}
+            if follow == "events":  # a request's event comes after its record
+                ended = {rids[s] for s in sats if records[s]["outcome"] != "ok"}
+                self.probe.wait(lambda: ended <= {e.get("id") for _, e, _ in self.probe.events
+                                                  if e.get("event") in ("error", "stopped")},
+                                10.0, "the events of the requests that failed")
+            return t0, rids, records
         finally:
             self.probe.follow(follow, False)
 
