@@ -39,6 +39,7 @@ class Fleet:
         self.satellites = [f"sat{i:0{width}d}" for i in range(1, max(levels) + 1)]
         self.workers: list[str] = []
         self.worker_slots: dict[str, int] = {}  # as configured (0: herald's default)
+        self.fresh: set[str] = set()  # workers that have not synthesized anything yet
         self.n = 0  # request ids
         self.failures: list[dict[str, Any]] = []  # requests a satellite did not play
 
@@ -55,9 +56,10 @@ class Fleet:
         self.probe.wait(lambda: self.probe.online >= set(self.satellites), START_WAIT,
                         "every satellite online")
 
-    def set_workers(self, count: int, slots: int = 0) -> None:
+    def set_workers(self, count: int, slots: int = 0, wait: bool = True) -> None:
         """``count`` workers running, with ``slots`` (0: herald's default); workers with
-        other slots are restarted."""
+        other slots are restarted, and those started are ``fresh`` until warmed up. With
+        ``wait``, until every one takes jobs."""
         for w in list(self.workers):
             if len(self.workers) > count or self.worker_slots.get(w) != slots:
                 self.rig.stop(w)
@@ -67,9 +69,11 @@ class Fleet:
             name = next(f"w{i}" for i in range(1, 10) if f"w{i}" not in self.workers)
             self.rig.start(name, "worker", slots=slots)
             self.workers.append(name)
+            self.fresh.add(name)
         self.worker_slots = {w: slots for w in self.workers}
-        self.probe.wait(lambda: set(self.probe.workers) == set(self.workers), START_WAIT,
-                        f"worker(s) {', '.join(self.workers)} taking jobs")
+        if wait:
+            self.probe.wait(lambda: set(self.probe.workers) == set(self.workers), START_WAIT,
+                            f"worker(s) {', '.join(self.workers)} taking jobs")
 
     def worker_record(self, rid: str) -> dict[str, Any]:
         """The latency record of the worker that synthesized ``rid``."""
