@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -22,10 +23,16 @@ def _pair(a: str, b: str, fmt: str = ".0f") -> Callable[[Row], str]:
     return lambda x: f"{_n(x[a], fmt)} / {_n(x[b], fmt)}"
 
 
+def say(text: str) -> None:
+    """A line of prose, wrapped to fit beside the tables."""
+    print(textwrap.fill(text, 100, subsequent_indent="  "))
+
+
 def table(title: str, columns: list[Column], rows: list[Row],
           extra: Callable[[Row], str] = lambda x: "") -> None:
     """``rows`` under ``title``, one column per spec, ``extra`` after the last column."""
-    print(f"\n{title}")
+    print()
+    say(title)
     head = " ".join(f"{h:>{w}}" for h, w, _ in columns)
     print(head + "\n" + "-" * len(head))
     for x in rows:
@@ -73,18 +80,18 @@ def print_report(r: dict[str, Any]) -> None:
     def load(xs: list[float]) -> str:
         return "/".join(f"{x:.2f}" for x in xs)
 
-    print(f"herald fleet benchmark, {r['date']}, {r['cpus']} CPUs, load average (1/5/15 min) "
-          f"{load(r['load_before'])} before, {load(r['load_after'])} after, {r['seconds']} s; "
-          f"medians of {r['repeats']}")
-    print("workers: one torch thread each (one core); satellites: no model, speaker on ALSA "
-          "null; one host, loopback")
-    print("load average (1 min) as each phase began: "
-          + ", ".join(f"{at} {x:.1f}" for at, _, x in r["load_during"]))
+    say(f"herald fleet benchmark, {r['date']}, {r['cpus']} CPUs, load average (1/5/15 min) "
+        f"{load(r['load_before'])} before, {load(r['load_after'])} after, {r['seconds']} s; "
+        f"medians of {r['repeats']}")
+    say("workers: one torch thread each (one core); satellites: no model, speaker on ALSA "
+        "null; one host, loopback")
+    say("load average (1 min) as each phase began: "
+        + ", ".join(f"{at} {x:.1f}" for at, _, x in r["load_during"]))
 
     table("job latency, ms from the publish (group: announcement to the n members; own: one "
           "satellite's say)", LATENCY, r["latency"], not_played)
-    print("(audio at satellite, playback start: median / slowest satellite; skew: members' "
-          "start_skew_ms, spread: latest - earliest)")
+    say("(audio at satellite, playback start: median / slowest satellite; skew: members' "
+        "start_skew_ms, spread: latest - earliest)")
 
     table("fan-out per announcement: Mosquitto (without the benchmark's own subscription and "
           "its idle cost), the workers, each member", FANOUT, r["fanout"])
@@ -103,8 +110,7 @@ def print_report(r: dict[str, Any]) -> None:
               lambda x: "  gaps " + ", ".join(str(g) for g in x["last_round_gaps_ms"])
               + not_played(x))
         kept = ", ".join(f"{w} worker(s): {n}" for w, n in r["real_time_streams"].items())
-        print(f"streams kept in real time: {kept} (workers' fleet.slots: "
-              f"{r['worker_slots']})")
+        say(f"streams kept in real time: {kept} (workers' fleet.slots: {r['worker_slots']})")
 
     if r["failures"]:
         print(f"\n{len(r['failures'])} request(s) a satellite did not play (left out above):")
