@@ -240,7 +240,8 @@ class Scheduler:
 
     def busy(self) -> bool:
         """Work in hand that should be progressing (not idle, not waiting for streamed text)."""
-        return any(not u.waiting_text for lane in self._lanes() for u in lane.running)
+        return any(not (u.waiting_text or u.req.source is not None and u.req.source.waiting)
+                   for lane in self._lanes() for u in lane.running)
 
     async def close(self, timeout: float = 2.0) -> None:
         """Stop everything (cutting the current utterance) and wait for the players to end."""

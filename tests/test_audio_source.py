@@ -38,6 +38,7 @@ class Feed:
         self.opened: float | None = None
         self.closed = False
         self.sent = 0
+        self.waiting = False  # the text it says is still being written
 
     @property
     def format(self) -> AudioFormat:
@@ -90,6 +91,20 @@ async def test_stopping_a_request_closes_its_source() -> None:
     assert feed.sent < 20
     assert r.events[-1] == ("long", "stopped")
     assert r.records[-1].outcome == "stopped"
+
+
+async def test_a_source_waiting_for_text_is_not_stuck() -> None:
+    """While a source waits for its text to be written (an LLM streaming to a satellite),
+    the watchdog must not take the request for stuck synthesis."""
+    r = rig(None)  # type: ignore[arg-type]
+    feed = Feed(tone(5.0), pace=0.05)
+    done = r.scheduler.submit(played("w", feed))
+    await asyncio.wait_for(until(lambda: feed.sent >= 1), 5)
+    assert r.scheduler.busy()
+    feed.waiting = True
+    assert not r.scheduler.busy()
+    r.scheduler.stop("w")
+    await asyncio.wait_for(done, 5)
 
 
 async def test_a_failing_source_is_an_error_event_after_its_audio() -> None:

@@ -128,6 +128,10 @@ class IncomingSource:
     def format(self) -> AudioFormat:
         return self._format
 
+    @property
+    def waiting(self) -> bool:
+        return False  # its text was whole when its audio started
+
     async def pcm(self) -> AsyncGenerator[bytes, None]:
         try:
             async for piece in self.incoming.pcm():

@@ -164,16 +164,24 @@ class JobSource:
         self.pool = pool
         self.req = req
         self._format = fmt
+        self._job: Supervisor | None = None
 
     @property
     def format(self) -> AudioFormat:
         return self._format
 
+    @property
+    def waiting(self) -> bool:
+        """The worker has all of the streamed text so far, and the rest is not written."""
+        job = self._job
+        return job is not None and job.writing()
+
     async def pcm(self) -> AsyncGenerator[bytes, None]:
         pool, req = self.pool, self.req
         incoming = pool.receiver.expect(req.id)
-        sup = Supervisor(pool, req, pool.topics.device_audio(), incoming, pool.device_events,
-                         written=lambda: skip_writing(req.timeline))
+        sup = self._job = Supervisor(pool, req, pool.topics.device_audio(), incoming,
+                                     pool.device_events,
+                                     written=lambda: skip_writing(req.timeline))
         task = asyncio.create_task(sup.run(), name=f"herald-fleet-{req.id}")
         try:
             async for piece in incoming.pcm():
@@ -368,6 +376,12 @@ class Supervisor:
         self.text_end = True
         self._forward()
         self._first_sentence()
+
+    def writing(self) -> bool:
+        """A streamed text still being written, all of which the worker has: what it makes
+        waits for the writer, not for herald."""
+        return (self.req.stream is not None and not self.text_end and self.claimed
+                and self.forwarded == sum(map(len, self.text)))
 
     def _first_sentence(self) -> None:
         """The writer (an LLM) has finished a sentence: from now on the worker has
