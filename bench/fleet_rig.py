@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from bench.net import free_port, wait_port
+from bench.net import alsa_config, free_port, wait_port
 
 ROOT = Path(__file__).resolve().parent.parent
 FLEET = "herald/fleet"  # fleet.topic: the default
@@ -34,15 +34,6 @@ STOP_TIMEOUT = 15.0  # seconds a node has to stop on SIGTERM before it is killed
 QUEUED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO daemon\.scheduler: "
                     r"\[[^\]]*\] (\S+) queued from (\w+)")
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def null_alsa(directory: Path) -> Path:
-    """An ALSA configuration whose default PCM is the ``null`` device (no file behind it, so
-    50 satellites write nothing anywhere); the system's own configuration first."""
-    conf = directory / "alsa-null.conf"
-    conf.write_text(Path("/usr/share/alsa/alsa.conf").read_text()
-                    + "\npcm.!default { type null }\n")
-    return conf
 
 
 @dataclass
@@ -113,7 +104,7 @@ class Rig:
             raise SystemExit("mosquitto is not installed (scripts/setup --test installs it)")
         self.work = work
         self.port = free_port()
-        self.alsa = null_alsa(work)
+        self.alsa = alsa_config(work, "{ type null }")  # no file behind it
         self.nodes: dict[str, Node] = {}
         conf = work / "mosquitto.conf"
         # sys_interval 1: the $SYS counters the fan-out figures come from, every second.
