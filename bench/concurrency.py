@@ -30,6 +30,7 @@ from wyoming.client import AsyncTcpClient
 from wyoming.tts import Synthesize, SynthesizeVoice
 
 from bench.engine import COOL_DOWN
+from bench.listening import played
 from bench.wyoming_bench import CASES, SERVERS, TIMEOUT, VOICE, start_servers, wait_ready
 
 TEXT = CASES["long sentence"]
@@ -41,22 +42,6 @@ class Played:
     first: float  # seconds from request to first chunk
     gaps: float  # seconds of silence while playing from the first chunk
     audio: float  # seconds of audio
-
-
-def played(arrivals: list[tuple[float, float]]) -> tuple[float, float]:
-    """(first arrival, seconds of gaps) for chunks ``(arrival, seconds of audio)`` played
-    from the first one's arrival: a chunk arriving after the audio before it ran out leaves
-    a gap, and playback resumes with it."""
-    if not arrivals:
-        return 0.0, 0.0
-    runs_out = arrivals[0][0]
-    gaps = 0.0
-    for arrival, seconds in arrivals:
-        if arrival > runs_out:
-            gaps += arrival - runs_out
-            runs_out = arrival
-        runs_out += seconds
-    return arrivals[0][0], gaps
 
 
 async def stream(port: int, t0: float) -> Played:

@@ -27,16 +27,21 @@ def wait_port(port: int, timeout: float = 10.0) -> None:
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout} s")
 
 
+def alsa_config(directory: Path, default: str) -> Path:
+    """An ALSA configuration (for ``ALSA_CONFIG_PATH``) in ``directory``: the system's, with
+    the default PCM defined as ``default`` (e.g. ``{ type null }``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    conf = directory / "alsa.conf"
+    conf.write_text(Path("/usr/share/alsa/alsa.conf").read_text()
+                    + f"\npcm.!default {default}\n")
+    return conf
+
+
 def alsa_env(directory: Path, target: Path, base: Mapping[str, str] | None = None
              ) -> dict[str, str]:
     """``base`` (default: this process's environment), with ALSA's default PCM writing raw
     PCM into ``target`` (a file, a FIFO or /dev/null) through the ``file`` plugin in front of
     the null PCM. The configuration file goes into ``directory``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    system = Path("/usr/share/alsa/alsa.conf")
-    conf = directory / "alsa.conf"
-    conf.write_text(
-        system.read_text()
-        + f'\npcm.!default {{ type file slave.pcm "null" file "{target}" format "raw" }}\n'
-    )
+    conf = alsa_config(directory,
+                       f'{{ type file slave.pcm "null" file "{target}" format "raw" }}')
     return dict(base if base is not None else os.environ, ALSA_CONFIG_PATH=str(conf))
