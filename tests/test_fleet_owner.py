@@ -218,6 +218,21 @@ def test_busy_workers_make_the_owner_send_again(client: Client, satellite: Satel
                    if s == "claimed"), (job, good.seen.states)
 
 
+def test_a_job_waits_for_busy_workers_however_many_sends_it_takes(
+        client: Client, satellite: Satellite, synth: Any,
+        workers: list[ProtocolWorker]) -> None:
+    """Busy answers prove the workers are there: the job waits for room, as in a single
+    herald's queue, rather than failing after ``attempts`` sends like a job nobody answers."""
+    busy = add(workers, satellite, synth, "w-full", client, busy=True)
+    client.say(id="full1", text="Wait for a worker.", sinks=["mqtt"])
+    client.wait(lambda ms: sum(1 for j, _, s in busy.seen.states if j == "full1"
+                               and s == "busy") > ATTEMPTS, 15, "more busy answers than attempts")
+    assert not [e for e in client.events("full1") if e["event"] in ("error", "finished")]
+    good = add(workers, satellite, synth, "w-free", client)
+    assert client.wait_event("full1", timeout=15)["event"] == "finished"
+    assert any(j == "full1" and s == "claimed" for j, _, s in good.seen.states)
+
+
 def test_no_answer_gives_up_after_the_attempts(client: Client, satellite: Satellite,
                                                synth: Any,
                                                workers: list[ProtocolWorker]) -> None:

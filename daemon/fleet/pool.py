@@ -6,14 +6,16 @@ state on ``F/job/<job>/state``. Every send is a new attempt, and a worker's stat
 attempt, so the rules below hold on any MQTT 5 broker, whatever it redelivers:
 
 * not claimed within ``claim_timeout``, or refused ``busy`` (after a short backoff): sent
-  again, so the share group can give it to another worker;
+  again, so the share group can give it to another worker. A ``busy`` answer proves the
+  workers are there: the job waits for room as it would in a single herald's queue, resent
+  at most every ``BUSY_BACKOFF_MAX`` seconds, and spends nothing of ``attempts``;
 * claimed, then silent (no state, no chunk) for ``dead_after``: the worker is gone; the job is
   sent again with ``skip_chunks`` = the chunks received in a row, the old attempt cancelled,
   and a ``resumed`` event says who was lost and from which chunk it went on. The seed is
   fixed for the whole job, so the new worker's audio joins the old one's sample for sample;
 * a state from an attempt that is not the current one (a late claim): that attempt is
   cancelled;
-* after ``attempts`` sends: ``unavailable``, saying to start a worker.
+* after ``attempts`` sends that no worker answered: ``unavailable``, saying to start one.
 
 Streamed text (``say/stream``) goes on ``F/job/<job>/text`` from the offset the claim names.
 Stopping the request cancels the job. ``JobSource`` is a device request's audio source
@@ -51,6 +53,7 @@ log = logging.getLogger(__name__)
 
 EventSink = Callable[[dict[str, Any]], None]
 BUSY_BACKOFF = 0.25  # seconds before a job refused busy is sent again; doubles each time
+BUSY_BACKOFF_MAX = 1.0  # ... up to this: a slot that frees is taken within about a second
 POLL = 0.25  # seconds: the longest the supervisor sleeps between two looks at its clocks
 
 
@@ -212,11 +215,13 @@ class Supervisor:
         self.claim_timeout, self.dead_after = fleet.claim_timeout, fleet.dead_after
         self.attempts = fleet.attempts
         self.attempt = 0
+        self.unanswered = 0  # sends that no worker answered, not even ``busy``
         self.worker: str | None = None  # who claimed the current attempt
         self.claimed = False
         self.deadline = 0.0  # the current attempt is sent again if unclaimed by then
         self.heard = 0.0  # the current attempt's last state
         self.busy = 0  # busy answers in a row
+        self.refused = False  # the current attempt was answered busy
         self.lost: tuple[str, int] | None = None  # a worker gone silent, and from which chunk
         self.failure: RequestError | None = None
         self.started = False
@@ -278,7 +283,7 @@ class Supervisor:
     def _send(self) -> None:
         pool, req = self.pool, self.req
         self.attempt += 1
-        self.claimed, self.worker = False, None
+        self.claimed, self.worker, self.refused = False, None, False
         self.deadline = time.monotonic() + self.claim_timeout
         self.forwarded, self.end_sent = 0, False
         now = time.time()
@@ -293,14 +298,14 @@ class Supervisor:
         pool.publish(pool.topics.jobs, job.to_json())
 
     def _send_again(self) -> None:
-        if self.attempt >= self.attempts:
+        if not self.refused:  # the last send was not answered busy: it counts
+            self.unanswered += 1
+        if self.unanswered >= self.attempts:
             if self.lost is not None:
                 self._resumed(None)
-            why = (f"every herald worker was busy ({self.attempts} sends)" if self.busy
-                   else f"no herald worker answered on {self.pool.topics.jobs} "
-                        f"({self.attempts} sends, fleet.attempts)")
-            raise RequestError(f"{why}: start one, see README, \"A fleet\"", self.req.id,
-                               "unavailable")
+            raise RequestError(f"no herald worker answered on {self.pool.topics.jobs} "
+                               f"({self.attempts} sends, fleet.attempts): start one, see "
+                               "README, \"A fleet\"", self.req.id, "unavailable")
         self._send()
 
     def wake(self) -> None:
@@ -346,7 +351,8 @@ class Supervisor:
             self.heard = now
         elif state.state == "busy" and not self.claimed:
             self.busy += 1
-            backoff = min(self.claim_timeout, BUSY_BACKOFF * 2 ** (self.busy - 1))
+            self.refused = True
+            backoff = min(BUSY_BACKOFF_MAX, BUSY_BACKOFF * 2 ** (self.busy - 1))
             self.deadline = now + backoff * random.uniform(0.5, 1.0)
         elif state.state == "done":
             self.heard = now
