@@ -27,8 +27,9 @@ Then, for 1 and 2 workers:
   workers and each member spent on it (all on one host here: the members' time is taken
   from the workers' cores);
 * **jobs per second**: k satellites each send the short command at once; jobs done per
-  second (until the last worker's latency record), the first audio at each satellite, jobs
-  refused (the workers' ``fleet.slots`` as configured, herald's default unless ``--slots``);
+  second (until the last worker's latency record) and the first audio at each satellite, as
+  the jobs beyond the workers' ``fleet.slots`` (herald's default unless ``--slots``) wait at
+  their owners for room; any that fail, with their error's code;
 * **concurrent streams**: N satellites each ask for the long sentence at once; a chunk that
   comes after the audio before it ran out is a gap (timed at this benchmark's subscription
   to the satellites' audio: the null device takes audio as fast as it comes, so the
