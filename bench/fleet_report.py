@@ -114,9 +114,12 @@ def print_report(r: dict[str, Any]) -> None:
 
     if r["failures"]:
         print(f"\n{len(r['failures'])} request(s) a satellite did not play (left out above):")
-        for f in r["failures"][:10]:
-            print(f"  {f['id']} on {f['device']}: {f['outcome']}; "
-                  + (" | ".join(f["log"]) or "nothing in its log"))
+        same: dict[tuple[str, str, str], list[str]] = {}  # (id, outcome, why) -> devices
+        for f in r["failures"]:  # each log line without its time stamp, logger and id
+            why = " | ".join(line.split("] ", 1)[-1] for line in f["log"])
+            same.setdefault((f["id"], f["outcome"], why), []).append(f["device"])
+        for (rid, outcome, why), devices in list(same.items())[:10]:
+            say(f"  {rid} on {', '.join(devices)}: {outcome}; {why or 'nothing in its log'}")
 
     print("\nmemory, MiB (median / largest)")
     for when in ("memory_idle", "memory_end"):
