@@ -87,8 +87,10 @@ class PacedSpeaker:
             if first:
                 if start_at is not None:
                     await asyncio.sleep(start_at - time.time())
-                    skew = time.time() - start_at
-                self.starts.append((key.req.id, start_at, time.time()))
+                began = time.time()  # one reading: the skew and the start record agree
+                if start_at is not None:
+                    skew = began - start_at
+                self.starts.append((key.req.id, start_at, began))
                 if on_first_audio:
                     on_first_audio()
             first = False
