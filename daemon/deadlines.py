@@ -9,6 +9,9 @@ delays every playing stream, whether or not they have audio to spare. So:
   loading) goes first, in the order they came, unless computing its next step would make a
   playing stream miss its deadline;
 * otherwise the playing stream whose audio runs out first goes (earliest deadline first);
+* a stream's windows hold enough audio to last while the others take their turns
+  (``least_audio``): a stream that starts while five more wait for their first audio
+  starts with half a second of it rather than a tenth, so theirs can come before its next;
 * a new stream is admitted only while the streams already playing leave the workers room
   for one more in real time (the sum of their real-time factors); until then it waits, and
   says so, rather than making every stream stutter.
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 
 HEADROOM = 0.8  # of the workers' time: what playing streams may need together
 MARGIN = 0.02  # seconds: a deadline counts as kept only with this much to spare
+SLOW_PACE = 0.25  # compute seconds per audio second assumed before any was measured
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,24 @@ def feasible(first_cost: float, playing: Sequence[Due], now: float,
         if t + margin > due.runs_out:
             return False
     return True
+
+
+def least_audio(ahead: float, buffered: float, pace: float | None, playing: bool = True,
+                margin: float = MARGIN) -> float:
+    """Seconds of audio a stream's next window should hold so that its listener still has
+    some when the stream's turn comes again: after ``ahead`` seconds of the others' work,
+    and then its own next window, which (doubling) holds twice this one's audio at ``pace``
+    (compute seconds per audio second; unknown: a slow guess). ``buffered``: the audio the
+    listener has left now, which pays for part of it.
+
+    A ``playing`` stream's window must also be done before its listener runs out: never
+    more than ``buffered`` pays for at ``pace``; the window after it grows again. (The
+    first window has no such bound: nobody listens yet.)"""
+    pace = pace if pace is not None else SLOW_PACE
+    wanted = max(0.0, (ahead + margin - buffered) / max(1.0 - 2 * pace, 0.2))
+    if playing:
+        wanted = min(wanted, max(0.0, buffered - margin) / max(pace, 1e-3))
+    return wanted
 
 
 def admitted(new: Due, playing_rtfs: Sequence[float], workers: int,

@@ -159,7 +159,8 @@ class Engine:
         """The steps' chunks, computed on the workers (``daemon.workers``); closing this
         generator stops the computation after the chunk being made."""
         rate = self.composer.sample_rate(voice)
-        render = Render(self.composer.render(steps, options, voice), self._workers,
+        render = Render(lambda demand: self.composer.render(steps, options, voice, demand),
+                        self._workers,
                         self.settings.queue_chunks, lambda c: len(c.samples) / rate)
         self._active += 1
         self._renders += 1

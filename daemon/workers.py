@@ -34,7 +34,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from .deadlines import Due, admitted, pick
+from tts.options import Demand
+
+from .deadlines import Due, admitted, least_audio, pick
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +167,18 @@ class Workers:
         self.held = held
         return None if i is None else self._waiting.pop(i)
 
+    def work_ahead(self) -> float | None:
+        """From a step: the seconds, per worker, of the steps waiting now that may run before
+        this job's next one (new streams kept out by admission cannot); None if none
+        waits."""
+        with self._lock:
+            if not self._waiting:
+                return None
+            rtfs = [r.need for r in self._streams]
+            states = [q.state(self.first_cost) for q in self._waiting]
+            return sum(d.cost for d in states
+                       if d.runs_out is not None or admitted(d, rtfs, self._n)) / self._n
+
     def playing(self, render: Render[Any], now: bool) -> None:
         """A render started playing (its first chunk is out), or ended."""
         with self._lock:
@@ -237,9 +251,11 @@ class Render(Generic[T]):
     it, it takes its turn.
     """
 
-    def __init__(self, chunks: Iterator[T], workers: Workers, limit: int,
+    def __init__(self, chunks: Iterator[T] | Callable[[Demand], Iterator[T]],
+                 workers: Workers, limit: int,
                  seconds: Callable[[T], float] | None = None) -> None:
-        self._chunks = chunks
+        # Given a function, the chunks are made with this render's demand on each window.
+        self._chunks = chunks(self.demand) if callable(chunks) else chunks
         self._workers = workers
         self._limit = max(1, limit)
         self._seconds = seconds
@@ -371,6 +387,18 @@ class Render(Generic[T]):
             if self._workers.whole_window(seconds, rtf):
                 self._steady = rtf if self._steady is None else (
                     self._steady + _SMOOTHING * (rtf - self._steady))
+
+    def demand(self) -> float | None:
+        """From this render's step: the audio its window should hold to last while the others
+        waiting take their turns (``tts.stream.Demand``); None when none waits."""
+        ahead = self._workers.work_ahead()
+        if ahead is None:
+            return None
+        buffered = 0.0
+        if self._first_out is not None:
+            buffered = max(0.0, self._first_out + self._handed - time.monotonic())
+        return least_audio(ahead, buffered, self._steady or self._workers.pace,
+                           playing=self._first_out is not None)
 
     @property
     def need(self) -> float:

@@ -3,7 +3,9 @@ any clock, costs are a step's estimated seconds."""
 
 from __future__ import annotations
 
-from daemon.deadlines import Due, admitted, feasible, pick
+import pytest
+
+from daemon.deadlines import Due, admitted, feasible, least_audio, pick
 
 NOW = 100.0
 
@@ -60,3 +62,24 @@ def test_jobs_that_are_not_streams_go_in_turn_and_are_never_held() -> None:
     load = Due(queued=NOW - 0.2, cost=0.5)  # a voice loading, say
     assert admitted(load, [0.5, 0.5], workers=1)
     assert pick([Due(queued=NOW - 0.1, cost=0.01), load], NOW, [0.5, 0.5]) == 1
+
+
+def test_a_window_holds_enough_to_last_while_the_others_take_their_turns() -> None:
+    """Nothing ahead and nothing buffered: nothing more than planned. Work ahead: at least
+    that much audio, more for the stream's own next (twice as long) window at its pace, and
+    the audio still buffered pays for part of it."""
+    assert least_audio(0.0, buffered=0.5, pace=0.1, playing=True) == 0.0
+    alone = least_audio(0.4, buffered=0.0, pace=0.1, playing=False)
+    assert alone > 0.4 + 0.02  # the others' 0.4 s, the margin, and its own next window
+    assert alone == pytest.approx((0.4 + 0.02) / (1 - 2 * 0.1))
+    assert least_audio(0.4, buffered=0.2, pace=0.1, playing=False) < alone
+    assert least_audio(0.4, buffered=0.0, pace=None, playing=False) > alone  # slow guess
+
+
+def test_a_playing_streams_window_is_done_before_its_listener_runs_out() -> None:
+    """With 0.1 s left at a pace of 0.1, a window of more than a second would make the
+    listener wait for it: the window is bounded by what the buffered audio pays for; the
+    first window (nobody listens yet) is not."""
+    bounded = least_audio(2.0, buffered=0.1, pace=0.1, playing=True)
+    assert bounded == pytest.approx((0.1 - 0.02) / 0.1)
+    assert least_audio(2.0, buffered=0.0, pace=0.1, playing=False) > 2.0

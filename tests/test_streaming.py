@@ -210,3 +210,41 @@ def test_options_refuse_values_the_model_cannot_use(field: str, value: float) ->
 def test_options_take_zero_noise_and_unset_values() -> None:
     opts = SynthesisOptions(noise_scale=0.0, noise_w=0.0, sentence_silence=0.0)
     assert (opts.noise_scale, opts.noise_w, opts.length_scale) == (0.0, 0.0, None)
+
+
+class CountingPace(FlowPace):
+    """A ``FlowPace`` that notes how many frames each flow push took."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.pushes: list[int] = []
+
+    def flow_ran(self, frames: int, seconds: float) -> None:
+        self.pushes.append(frames)
+        super().flow_ran(frames, seconds)
+
+
+def test_windows_are_as_long_as_the_demand_asks_and_still_join_exactly() -> None:
+    """A demand asks for 40 frames at the first window and the third, nothing otherwise:
+    those windows hold 40 frames, the others follow the doubling plan from there, the flow
+    never runs ahead while a demand is made (though the pace would let it), and the chunks
+    join into the one-shot audio."""
+    model = random_model(VARIANTS[sorted(VARIANTS)[0]])
+    hop = model.config.hop_length
+    torch.manual_seed(3)
+    z_p = torch.randn(1, model.config.inter_channels, 300)
+    with torch.inference_mode():
+        whole = model.decode(z_p, None)[0, 0].numpy()
+    asks = iter([40, 0, 40])
+    pace = CountingPace(16000, cap=50, clock=stopped_clock)
+    chunks = [c for c, _ in decode_windows(model, z_p, None, pace=pace,
+                                           wanted=lambda: next(asks, 0))]
+    # 40, then doubling (80), asked 40 but planned 160 -> the largest, 96; the rest
+    assert [round(len(c) / hop) for c in chunks] == [40, 80, 96, 84]
+    # The flow: the first window and its look-ahead, then each window, then the rest.
+    ahead = model.dec.receptive_field + model.flow.receptive_field
+    assert pace.pushes == [40 + ahead, 80, 96, 300 - 216 - ahead]
+    assert np.abs(np.concatenate(chunks) - np.clip(whole, -1, 1)).max() < 1e-4
+    unasked = CountingPace(16000, cap=50, clock=stopped_clock)
+    list(decode_windows(model, z_p, None, pace=unasked))
+    assert unasked.pushes[1] > 16  # without a demand the flow runs ahead of the 2nd window

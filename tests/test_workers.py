@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import pytest
 
 from daemon.workers import Render, Workers
@@ -296,3 +297,38 @@ def test_the_engine_runs_no_more_torch_threads_than_cores(caplog) -> None:
         assert cpu_plan(n, 2) == (n, 1)
     assert f"voices.workers = 2 at voices.threads = {n}" in caplog.text
     assert "using 1 worker(s)" in caplog.text
+
+
+async def test_streams_starting_together_get_windows_that_last_through_the_others(
+        catalog) -> None:
+    """One worker, three streams of the long sentence asked for at once. Alone, a stream
+    starts with its small first window (a tenth of a second: the first audio as early as
+    can be). Together, the first one's first window is made to last while the two others
+    get their first audio (each costs it an encoder pass over the whole sentence), so no
+    listener runs dry meanwhile; and whatever the windows, each stream's audio is the lone
+    one's (same seed; to float rounding, as any two window plans)."""
+    from sentences import LONG_SENTENCE
+
+    from daemon.engine import Engine, EngineSettings
+    from tts import SynthesisOptions
+
+    engine = Engine(catalog, EngineSettings(threads=1, workers=1))
+    opts = SynthesisOptions(seed=7)
+
+    async def one() -> list[np.ndarray]:
+        return [c.samples async for c in engine.stream(LONG_SENTENCE, options=opts)]
+
+    try:
+        alone = await one()
+        together = await asyncio.gather(one(), one(), one())
+    finally:
+        engine.close(join=2.0)
+    rate = engine.audio_format().rate
+    assert len(alone[0]) / rate < 0.15
+    assert len(together[0][0]) / rate > 2 * len(alone[0]) / rate
+    reference = np.concatenate(alone)
+    assert len(reference) / rate > 5
+    for chunks in together:
+        joined = np.concatenate(chunks)
+        assert len(joined) == len(reference)
+        assert np.abs(joined - reference).max() < 1e-4

@@ -34,7 +34,7 @@ from .audio import AudioFormat
 from .catalog import VoiceCatalog
 from .errors import UnknownVoice
 from .fallback import LABEL_PREFIX, EspeakFallback, FallbackError
-from .options import SynthesisOptions
+from .options import Demand, SynthesisOptions
 from .resample import Resampler
 from .stream import AudioChunk
 from .text.languages import CJK_LANGUAGES, base_language, for_voice, language_runs
@@ -159,10 +159,12 @@ class Composer:
         return Planner(self, fmt, voice, sentence_pause, paragraph_pause, markup_errors)
 
     def render(self, steps: Iterable[Step], options: SynthesisOptions = SynthesisOptions(),
-               voice: str | None = None) -> Iterator[ComposedChunk]:
+               voice: str | None = None, demand: Demand | None = None
+               ) -> Iterator[ComposedChunk]:
         """Audio of the steps, chunk by chunk, at the request voice's rate. ``options`` are
         the request's: its length scale sets the pace of every voice (relative to each
-        voice's own default), its speaker applies to the request voice only."""
+        voice's own default), its speaker applies to the request voice only. ``demand``
+        sizes the neural voices' windows beside other syntheses (``tts.stream.Demand``)."""
         primary = self.voice_label(voice)
         rate = self.sample_rate(primary)
         speed = 1.0
@@ -180,7 +182,7 @@ class Composer:
                 yield from self._render_fallback(step, options, speed, rate)
             else:
                 yield from self._render_neural(step, options, speed, rate, generator,
-                                               step.voice == primary)
+                                               step.voice == primary, demand)
 
     def stream(self, text: str, fmt: TextFormat = "text",
                options: SynthesisOptions = SynthesisOptions(), voice: str | None = None,
@@ -201,8 +203,8 @@ class Composer:
     # --- rendering one step ---------------------------------------------------------------
 
     def _render_neural(self, step: Say, options: SynthesisOptions, speed: float, rate: int,
-                       generator: torch.Generator | None, is_primary: bool
-                       ) -> Iterator[ComposedChunk]:
+                       generator: torch.Generator | None, is_primary: bool,
+                       demand: Demand | None = None) -> Iterator[ComposedChunk]:
         synth = self.catalog.synthesizer(step.voice)
         config = synth.voice.config
         opts = replace(options, length_scale=config.length_scale / (speed * step.rate),
@@ -211,7 +213,7 @@ class Composer:
         resampler = Resampler(config.sample_rate, rate) if config.sample_rate != rate else None
         sentences = synth.sentences(step.text)
         for k, ids in enumerate(sentences):
-            for samples, last in synth.stream_ids(ids, opts, generator):
+            for samples, last in synth.stream_ids(ids, opts, generator, demand):
                 if step.gain != 1.0:
                     samples = samples * np.float32(step.gain)
                 final = last and k == len(sentences) - 1

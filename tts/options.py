@@ -1,9 +1,10 @@
-"""The controls of one synthesis, checked when made. Torch-free: the fronts and a node
-without a model (a satellite) build them too."""
+"""The controls of one synthesis, checked when made, and the demand on its windows.
+Torch-free: the fronts and a node without a model (a satellite) build them too."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -49,3 +50,11 @@ class SynthesisOptions:
             noise_scale=c.noise_scale if self.noise_scale is None else self.noise_scale,
             noise_w=c.noise_w if self.noise_w is None else self.noise_w,
         )
+
+
+Demand = Callable[[], "float | None"]
+"""Asked before each window of a streamed synthesis by whatever schedules it beside others
+(``tts.stream.decode_windows``): None while nothing else waits for the CPU (the planned
+windows, and the flow may run ahead), else the seconds of audio the window should hold at
+least (0: as planned), and nothing is computed ahead of what the audio needs: that would
+delay the others' turns unannounced."""

@@ -7,10 +7,17 @@ goes, then run incrementally over windows of latent frames: each keeps the conte
 outputs need, so the joined chunks equal one-shot decoding, with nothing computed twice,
 nothing to cross-fade and no click. A small first window makes the first audio early;
 later windows grow so that the per-window overhead costs little.
+
+Beside other syntheses the windows take a ``Demand`` into account: whoever shares the CPU
+between them (``daemon.workers``) says, before each window, how much audio it should hold at
+least to last while the others take their turns. A stream that starts while five others
+wait for their first audio then starts with a window that lasts through theirs, instead of
+one that runs out after 0.1 s and holds them back. Any window plan joins exactly.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -21,7 +28,7 @@ import torch
 
 from .flow_stream import StreamingFlow
 from .generator_stream import StreamingGenerator
-from .options import SynthesisOptions
+from .options import Demand, SynthesisOptions
 from .phonemize import phoneme_ids, phonemize
 from .threads import governed
 from .vits import Vits, nhwc
@@ -88,13 +95,17 @@ class Synthesizer:
         return parts, g
 
     def stream_ids(self, ids: list[int], opts: SynthesisOptions,
-                   generator: torch.Generator | None = None) -> Iterator[tuple[np.ndarray, bool]]:
+                   generator: torch.Generator | None = None, demand: Demand | None = None
+                   ) -> Iterator[tuple[np.ndarray, bool]]:
         """Audio of one sentence in chunks; the flag marks the last one. Each chunk is
         computed on the intra-op threads ``tts.threads`` gives it."""
         parts, g = self.prior_parts(ids, opts, generator)
         pace = FlowPace(self.sample_rate)
+        wanted = None
+        if demand is not None:
+            wanted = in_frames(demand, self.sample_rate / self.model.config.hop_length)
         yield from governed(decode_windows(self.model, parts, g, opts.gain, self.first_window,
-                                           self.max_window, pace))
+                                           self.max_window, pace, wanted))
 
     def synthesize(self, text: str, options: SynthesisOptions = SynthesisOptions()) -> np.ndarray:
         """Whole text decoded one sentence at a time in one shot (reference for tests)."""
@@ -124,9 +135,7 @@ def window_plan(frames: int, first: int, largest: int) -> list[tuple[int, int]]:
     plan = []
     start, size = 0, first
     while start < frames:
-        end = min(frames, start + size)
-        if frames - end < first:
-            end = frames
+        end = next_window(start, size, largest, first, frames, complete=True)
         plan.append((start, end))
         start, size = end, min(largest, size * 2)
     return plan
@@ -197,9 +206,29 @@ class _Latents:
         return 0 if self.z is None else self.z.shape[-1]
 
 
+def in_frames(demand: Demand, per_second: float) -> Callable[[], int | None]:
+    """``demand`` in latent frames (``per_second`` of them a second of audio)."""
+    def frames() -> int | None:
+        seconds = demand()
+        return None if seconds is None else math.ceil(max(0.0, seconds) * per_second)
+    return frames
+
+
+def next_window(start: int, size: int, largest: int, first: int, frames: int,
+                complete: bool) -> int:
+    """Where the window of ``size`` frames from ``start`` ends, never over ``largest``; a tail
+    shorter than ``first`` left after it (once the sentence's length is known) is folded in
+    rather than decoded as a sliver of its own."""
+    end = start + min(largest, size)
+    if complete and frames - end < first:
+        end = frames
+    return min(end, frames)
+
+
 def decode_windows(model: Vits, z_p: torch.Tensor | Iterable[torch.Tensor],
                    g: torch.Tensor | None, gain: float = 1.0, first: int = 8,
-                   largest: int = 96, pace: FlowPace | None = None
+                   largest: int = 96, pace: FlowPace | None = None,
+                   wanted: Callable[[], int | None] | None = None
                    ) -> Iterator[tuple[np.ndarray, bool]]:
     """Flow + generator over windows of ``z_p`` ``[1, c, frames]``; joins equal ``model.decode``.
 
@@ -211,6 +240,10 @@ def decode_windows(model: Vits, z_p: torch.Tensor | Iterable[torch.Tensor],
 
     ``z_p`` may come in parts along time (``Vits.prior_parts``): the first window is decoded
     as soon as the parts cover it and its look-ahead, the rest are taken after it.
+
+    Without ``wanted`` the windows follow ``window_plan``; with it (a ``Demand`` in frames,
+    ``in_frames``), a window is made as long as it asks where that is longer, up to
+    ``largest``, and while it is not None the flow never runs ahead.
     """
     pace = pace or FlowPace(1, cap=0)
     dc, fc = model.dec.receptive_field, model.flow.receptive_field
@@ -222,20 +255,21 @@ def decode_windows(model: Vits, z_p: torch.Tensor | Iterable[torch.Tensor],
         # sentence is known to go on past what the first push reads.
         latents.fill(2 * first + dc + fc + 1)
 
-    def window_ends() -> Iterator[int]:
-        skip = 0
-        if not latents.complete:
-            yield first
-            with torch.inference_mode():
-                latents.fill(sys.maxsize)
-            skip = 1  # the whole sentence's plan starts with that same (0, first)
-        for _, end in window_plan(latents.frames, first, largest)[skip:]:
-            yield end
-
     fed = 0  # prior frames given to the flow
     latent: list[torch.Tensor] = []  # flow output not yet given to the generator
     pushed = 0  # latent frames given to the generator
-    for end in window_ends():
+    start, size = 0, first  # the next window's start and planned size
+    while start < latents.frames:
+        asked = wanted() if wanted is not None else None
+        if asked:
+            size = max(size, min(largest, asked))
+            with torch.inference_mode():  # as above, for the window asked for
+                latents.fill(start + size + first + dc + fc + 1)
+        elif start > 0:
+            with torch.inference_mode():  # the first window is out: the rest is wanted now
+                latents.fill(sys.maxsize)
+        end = next_window(start, size, largest, first, latents.frames, latents.complete)
+        start, size = end, min(largest, size * 2)
         frames = latents.frames  # all of them, or (first window) more than it reads
         need = min(frames, end + dc)  # the audio through `end` needs this much look-ahead
         if need <= pushed:
@@ -243,7 +277,7 @@ def decode_windows(model: Vits, z_p: torch.Tensor | Iterable[torch.Tensor],
         with torch.inference_mode():
             target = min(frames, need + fc)
             if target > fed:
-                extra = pace.ahead() if latents.complete else 0
+                extra = pace.ahead() if latents.complete and asked is None else 0
                 if extra:
                     target += extra
                     if frames - target <= extra // 2:  # no sliver left for a push of its own
