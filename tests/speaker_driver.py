@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import json
+import logging
 import os
 import sys
 import threading
@@ -267,4 +268,6 @@ async def main(spec: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    # The sink's log on stderr: what a failing test shows, and what some tests look for.
+    logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
     asyncio.run(main(json.loads(Path(sys.argv[1]).read_text())))

@@ -1,0 +1,112 @@
+"""How the speaker starts an utterance, through the real path: sounddevice -> PortAudio ->
+ALSA's file plugin (tests/speaker_driver.py).
+
+A start PortAudio refuses. On a loaded host PortAudio gives up starting a stream whose audio
+thread has not got going within a second: ``Error starting stream: Wait timed out`` (-9987).
+That cannot be had on demand from load, so the sound card is made slow to start instead:
+``slow_alsa_start.c``, preloaded into the driver, holds ALSA's ``snd_pcm_start`` (which
+PortAudio calls on that new thread, before telling the waiting caller it runs) for longer
+than the second, the first N times. PortAudio runs as it does under load: its wait times
+out, it ends the thread (whose end it reports through the stream's finished callback) and
+the start raises -9987.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from audio_checks import as_samples, assert_speech, reference_pcm
+from test_speaker import RATE, SHORT, run_driver
+
+from tts import SynthesisOptions
+
+SLOW_START = 1.3  # seconds ALSA's start is held: over PortAudio's one-second wait
+
+
+@pytest.fixture(scope="module")
+def short(synth, tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
+    path = tmp_path_factory.mktemp("speech") / "short.raw"
+    path.write_bytes(reference_pcm(synth, SHORT, SynthesisOptions(seed=3)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def slow_start(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The preload library, built here (gcc is in scripts/setup)."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    assert cc is not None, "no C compiler: scripts/setup installs gcc"
+    lib = tmp_path_factory.mktemp("preload") / "slow_alsa_start.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(lib),
+                    str(Path(__file__).with_name("slow_alsa_start.c")), "-ldl"], check=True)
+    return lib
+
+
+def slow_env(env: dict[str, str], lib: Path, starts: int) -> dict[str, str]:
+    return dict(env, LD_PRELOAD=str(lib), SLOW_ALSA_STARTS=str(starts),
+                SLOW_ALSA_START_SECONDS=str(SLOW_START))
+
+
+def test_a_start_that_times_out_is_tried_again_and_plays(  # type: ignore[no-untyped-def]
+        short, slow_start, alsa_file) -> None:
+    log: list[str] = []
+    results = run_driver({
+        "file": str(alsa_file.out), "start_rate": RATE,
+        "plays": [{"pcm": str(short), "rate": RATE}],
+    }, slow_env(alsa_file.env, slow_start, starts=1), alsa_file.out.parent, log=log)
+    r = results[0]
+    assert r["error"] is None, "\n".join([r["error"], *log])
+    x = as_samples(short.read_bytes())
+    assert r["stats"]["samples"] == len(x)
+    # The first start was refused, as on the loaded host, and tried again.
+    refused = [line for line in log if "trying again" in line]
+    assert len(refused) == 1, "\n".join(log)
+    assert "could not start the sound device 'default'" in refused[0]
+    assert "Wait timed out" in refused[0]
+    # The refused start's audio thread ran a few callbacks before PortAudio ended it: ALSA's
+    # null device behind the file plugin takes audio as fast as it comes, so they took the
+    # first blocks, which went nowhere. (On a sound card its buffer is full of silence at
+    # the start, and the thread is ended at its first wait, before any callback.) The rest,
+    # from the retry on, is on the device sample for sample.
+    out = as_samples(alsa_file.pcm())
+    tail = x[-RATE:]
+    assert any(np.array_equal(out[i:i + len(tail)], tail)
+               for i in np.flatnonzero(out == tail[0])), "the end of the utterance is missing"
+    assert np.count_nonzero(out) >= np.count_nonzero(x) - int(0.3 * RATE)
+    assert_speech(out / 32767.0, RATE, min_seconds=1.0)
+
+
+def test_a_start_refused_every_time_says_so_and_the_next_utterance_plays(  # type: ignore[no-untyped-def]
+        short, slow_start, alsa_file) -> None:
+    log: list[str] = []
+    results = run_driver({
+        "file": str(alsa_file.out), "start_rate": RATE,
+        "plays": [{"pcm": str(short), "rate": RATE}, {"pcm": str(short), "rate": RATE}],
+    }, slow_env(alsa_file.env, slow_start, starts=3), alsa_file.out.parent, log=log)
+    failed, after = results
+    error = failed["error"]
+    assert error is not None, "\n".join(log)
+    # Worded as what happened, with PortAudio's own message and what to do; not an unplug.
+    assert error.startswith("could not start the sound device 'default': Error starting "
+                            "stream: Wait timed out"), error
+    assert "tried 3 times" in error and "too busy" in error and "more CPU" in error
+    assert "unplugged" not in error
+    assert sum("trying again" in line for line in log) == 2, "\n".join(log)
+    # The device is reopened for the next utterance, which plays whole.
+    assert after["error"] is None, after["error"]
+    assert after["stats"]["samples"] == len(short.read_bytes()) // 2
+
+
+def test_the_pause_before_a_retry_never_runs_past_the_start_time() -> None:
+    from daemon.sinks.speaker.device import RETRY_AFTER, retry_pause
+
+    assert [retry_pause(n) for n in range(1, len(RETRY_AFTER) + 2)] == [*RETRY_AFTER, None]
+    now = time.monotonic()
+    assert retry_pause(1, now - 1.0) == 0.0  # its start time has passed: at once
+    assert retry_pause(2, now + 0.05) <= 0.05  # type: ignore[operator]
+    assert retry_pause(1, now + 10.0) == RETRY_AFTER[0]
+
