@@ -9,6 +9,9 @@ PortAudio calls on that new thread, before telling the waiting caller it runs) f
 than the second, the first N times. PortAudio runs as it does under load: its wait times
 out, it ends the thread (whose end it reports through the stream's finished callback) and
 the start raises -9987.
+
+A pre-roll for audio from the network (a satellite's own say, chunk by chunk from a fleet
+worker): the first audio waits until that much is buffered.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from audio_checks import as_samples, assert_speech, reference_pcm
-from test_speaker import RATE, SHORT, run_driver
+from test_speaker import RATE, SHORT, paced_device, run_driver
+from test_speaker_sync import plays_heard
 
 from tts import SynthesisOptions
 
@@ -110,3 +114,34 @@ def test_the_pause_before_a_retry_never_runs_past_the_start_time() -> None:
     assert retry_pause(2, now + 0.05) <= 0.05  # type: ignore[operator]
     assert retry_pause(1, now + 10.0) == RETRY_AFTER[0]
 
+
+CHUNK = RATE // 10  # samples: 100 ms, as the fleet's chunks (mqtt.audio.chunk_ms)
+LATE = 0.4  # seconds the second chunk comes late (a busy worker, the network)
+
+
+def test_a_preroll_holds_the_first_audio_until_it_is_buffered(  # type: ignore[no-untyped-def]
+        short, tmp_path: Path) -> None:
+    dev = paced_device(tmp_path, RATE)
+    x = as_samples(short.read_bytes())
+    play = {"pcm": str(short), "rate": RATE, "chunk_bytes": CHUNK * 2, "late": [[1, LATE]]}
+    held, unheld = plays_heard(run_driver(dev.spec(stamp=True, plays=[
+        dict(play, preroll=0.15),  # the fleet's pre-roll: two chunks
+        play,                      # speaker.preroll_ms alone (60 ms): the first chunk
+    ]), dev.env, tmp_path), dev.out.read_bytes(), x)
+    # Held: nothing went out before the second chunk was there, and then it played through.
+    assert held["error"] is None, held
+    assert held["sent_at_first_audio"] >= 2, held["sent_at_first_audio"]
+    assert held["stats"]["underruns"] == 0, held["stats"]
+    got = held["output"][held["start"]:held["start"] + len(x)]
+    assert np.array_equal(got, x), "the held utterance is not played as it was"
+    # The first-audio event (what stamps a latency record's first_audio_ms) is when the
+    # audio went to the device, not when the first chunk came; the device played it after.
+    second_chunk = held["sent_at"][1]
+    assert held["first_audio_at"] >= second_chunk
+    assert held["heard"] >= held["first_audio_at"] - 0.01, (held["heard"],
+                                                              held["first_audio_at"])
+    # Without it, the first chunk plays at once and the late second one is a gap.
+    assert unheld["error"] is None, unheld
+    assert unheld["sent_at_first_audio"] == 1, unheld["sent_at_first_audio"]
+    assert unheld["stats"]["underruns"] >= 1, unheld["stats"]
+    assert unheld["first_audio_at"] < unheld["sent_at"][1]

@@ -188,7 +188,8 @@ class SpeakerSink:
 
     async def play(self, fmt: AudioFormat, chunks: AsyncIterable[bytes],
                    on_first_audio: Callable[[], None] | None = None, key: object = None,
-                   pause: float = 0.0, start_at: float | None = None) -> PlaybackStats:
+                   pause: float = 0.0, start_at: float | None = None,
+                   preroll: float = 0.0) -> PlaybackStats:
         """Play one utterance; returns when it has drained from the device or was cut.
 
         One utterance at a time: a second call waits for the first. ``key`` names it for
@@ -197,7 +198,8 @@ class SpeakerSink:
         utterance, if that one ended by itself (consecutive utterances are paragraphs).
         ``start_at`` (wall clock, ``time.time()``): its first sample reaches the device's
         output then, or as soon as it can after (``pause`` then doesn't apply); the stats'
-        ``skew`` says how late it was."""
+        ``skew`` says how late it was. ``preroll``: seconds of it buffered before it starts
+        (and resumes after an underrun), if more than ``preroll_ms``."""
         if fmt.width != 2 or fmt.channels != 1:
             raise ValueError(f"the speaker takes 16-bit mono PCM, got {fmt}")
         if not self.settings.enabled:
@@ -225,6 +227,7 @@ class SpeakerSink:
                         pass
                 out = await self._ensure_output(fmt, start_at)
                 p = Playback(loop, fmt.rate, out.rate, self.settings, on_first_audio, key)
+                p.preroll = max(p.preroll, int(preroll * out.rate))
                 if start_at is None:
                     p.lead_in = max(p.lead_in, self._pause_left(pause, out.rate))
                 else:  # the device's lead-in comes before the instant (Playback.held)
