@@ -149,7 +149,9 @@ async def chunks(pcm: bytes, chunk_bytes: int, play: dict[str, Any], state: dict
             await asyncio.sleep(max(0.0, played_by - time.monotonic()))
         if play.get("slow"):
             await asyncio.sleep(play["slow"])
-        await asyncio.sleep(dict(play.get("late", [])).get(i, 0.0))
+        late = dict(play.get("late", [])).get(i)
+        if late:
+            await asyncio.sleep(late)
         if play.get("fail_at_chunk") == i:
             raise RuntimeError("synthesis failed (on purpose)")
         state["sent"] = i + 1
