@@ -393,15 +393,8 @@ class SpeakerSink:
                 self._settle(q)
 
     def _may_start(self, p: Playback) -> bool:
-        """Before each try at starting the stream for ``p``: whether it still needs it. A
-        refused start's audio thread may have run the callback before PortAudio ended it (on
-        a device that takes audio faster than real time: a sound card's buffer is full of
-        silence at the start, and the thread is ended at its first wait), and played some
-        or all of it, or parked it; or it was cut meanwhile."""
-        with p.lock:
-            if p.state is State.PARKED and p.ready():
-                p.state = State.PLAYING
-            going = p.state in (State.PLAYING, State.STARVED) and not p.cut
+        """Before each try at starting the stream for ``p``: whether it still needs it."""
+        going = p.needs_stream()
         if going:
             self._died_starting = False
             self._clock.starting()
