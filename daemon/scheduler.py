@@ -423,9 +423,10 @@ class Scheduler:
         try:
             if on_speaker:
                 assert self.speaker is not None
-                stats = await self.speaker.play(fmt, pcm(), partial(first_audio, t), key=utt,
-                                                pause=self.synthesis.paragraph_silence,
-                                                start_at=req.play_at)
+                stats = await self.speaker.play(
+                    fmt, pcm(), partial(first_audio, t), key=utt,
+                    pause=self.synthesis.paragraph_silence, start_at=req.play_at,
+                    preroll=req.source.preroll if req.source is not None else 0.0)
                 underruns, skew = stats.underruns, stats.skew
                 utt.cut = utt.cut or stats.cut
             else:

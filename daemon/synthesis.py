@@ -108,6 +108,8 @@ class AudioSource(Protocol):
     on. Closing it (``aclose``: the request was stopped or its sinks left) gives the work up
     wherever it is done. ``waiting``: nothing comes because the request's text is still
     being written (a streamed text), which the watchdog must not count as stuck.
+    ``preroll``: seconds of its audio the speaker holds before it starts playing it, so that
+    a piece that comes late (the network, a busy worker) is not a gap at the start.
     """
 
     @property
@@ -115,5 +117,8 @@ class AudioSource(Protocol):
 
     @property
     def waiting(self) -> bool: ...
+
+    @property
+    def preroll(self) -> float: ...
 
     def pcm(self) -> AsyncGenerator[bytes, None]: ...

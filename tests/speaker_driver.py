@@ -7,12 +7,14 @@ Usage: ``python tests/speaker_driver.py SPEC.json``; prints one JSON line per pl
 
 Plays follow each other once the device has gone quiet, unless a play says
 ``"back_to_back": true`` (then it is called the moment the previous one returns, as the
-scheduler does). ``"key"`` names a play for ``cut(key)``/``cue(key, ...)``, ``"gap"`` is its
-``pause``; ``"after_first_audio": [[seconds, action], ...]`` and ``"after_return": [action,
-...]`` run actions: ``{"cue": {"pcm", "key", "gap"}}`` or ``{"cut": key}``. ``"start_at"``
-(wall clock) or ``"start_in"`` (seconds after the play is called) is its ``start_at``; with
-``"start_at": "stdin"`` the driver prints ``{"ready": true}`` and reads it from a line on
-its standard input (several drivers, started under load, can be given one start time).
+scheduler does). ``"late": [[i, seconds], ...]``: chunk i comes that much later (audio from
+the network); ``"preroll"`` is play()'s. ``"key"`` names a play for ``cut(key)``/``cue(key,
+...)``, ``"gap"`` is its ``pause``; ``"after_first_audio": [[seconds, action], ...]`` and
+``"after_return": [action, ...]`` run actions: ``{"cue": {"pcm", "key", "gap"}}`` or
+``{"cut": key}``. ``"start_at"`` (wall clock) or ``"start_in"`` (seconds after the play is
+called) is its ``start_at``; with ``"start_at": "stdin"`` the driver prints ``{"ready":
+true}`` and reads it from a line on its standard input (several drivers, started under
+load, can be given one start time).
 
 With ``fifo`` in the spec, this process also plays the part of the sound card's clock: a
 thread reads the FIFO (shrunk to one page) at ``bytes_per_second`` and appends what it reads
@@ -30,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import json
+import logging
 import os
 import sys
 import threading
@@ -146,9 +149,13 @@ async def chunks(pcm: bytes, chunk_bytes: int, play: dict[str, Any], state: dict
             await asyncio.sleep(max(0.0, played_by - time.monotonic()))
         if play.get("slow"):
             await asyncio.sleep(play["slow"])
+        late = dict(play.get("late", [])).get(i)
+        if late:
+            await asyncio.sleep(late)
         if play.get("fail_at_chunk") == i:
             raise RuntimeError("synthesis failed (on purpose)")
         state["sent"] = i + 1
+        state["sent_at"].append(time.time())
         yield pcm[i * chunk_bytes:(i + 1) * chunk_bytes]
         if play.get("cut_after_chunk") == i:
             await asyncio.sleep(0.05)
@@ -196,10 +203,12 @@ async def main(spec: dict[str, Any]) -> None:
             line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
             play["start_at"] = float(line)
         state: dict[str, Any] = {"first_audio": None, "sent": 0, "last_sent": None,
-                                 "sent_at_first_audio": None}
+                                 "sent_at_first_audio": None, "sent_at": [],
+                                 "first_audio_at": None}
 
         def first_audio(state: dict[str, Any] = state) -> None:
             state["first_audio"] = time.monotonic()
+            state["first_audio_at"] = time.time()
             state["sent_at_first_audio"] = state["sent"]
 
         async def after_first_audio(delay: float, action: Any,
@@ -233,7 +242,8 @@ async def main(spec: dict[str, Any]) -> None:
         task = asyncio.create_task(sink.play(
             AudioFormat(play["rate"]), chunks(pcm, play.get("chunk_bytes", 4096), play, state,
                                               sink), first_audio,
-            key=key_of(play.get("key")), pause=play.get("gap", 0.0), start_at=start_at))
+            key=key_of(play.get("key")), pause=play.get("gap", 0.0), start_at=start_at,
+            preroll=play.get("preroll", 0.0)))
         if play.get("cancel_after_first_audio") is not None:  # what SIGTERM does to a play
             helpers.append(asyncio.create_task(
                 after_first_audio(play["cancel_after_first_audio"], task.cancel)))
@@ -253,6 +263,8 @@ async def main(spec: dict[str, Any]) -> None:
             os.path.exists(spec["file"]) else None
         result["seconds"] = time.monotonic() - t0
         result["sent_at_first_audio"] = state["sent_at_first_audio"]
+        result["sent_at"] = state["sent_at"]  # wall clock, each chunk as it was handed over
+        result["first_audio_at"] = state["first_audio_at"]  # wall clock
         result["chunks"] = (len(pcm) + play.get("chunk_bytes", 4096) - 1) // play.get(
             "chunk_bytes", 4096)
         for task in helpers:
@@ -267,4 +279,6 @@ async def main(spec: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    # The sink's log on stderr: what a failing test shows, and what some tests look for.
+    logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
     asyncio.run(main(json.loads(Path(sys.argv[1]).read_text())))

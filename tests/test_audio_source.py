@@ -31,7 +31,8 @@ def tone(seconds: float, freq: float = 440.0) -> bytes:
 
 
 class Feed:
-    def __init__(self, pcm: bytes, pace: float = 0.0, fail_after: int | None = None) -> None:
+    def __init__(self, pcm: bytes, pace: float = 0.0, fail_after: int | None = None,
+                 preroll: float = 0.0) -> None:
         self.data = pcm
         self.pace = pace  # seconds between pieces
         self.fail_after = fail_after  # pieces, then a RequestError
@@ -39,6 +40,7 @@ class Feed:
         self.closed = False
         self.sent = 0
         self.waiting = False  # the text it says is still being written
+        self.preroll = preroll  # what it asks the speaker to buffer before it plays
 
     @property
     def format(self) -> AudioFormat:
@@ -133,3 +135,15 @@ async def test_the_next_source_opens_while_one_plays_and_is_cued_whole() -> None
     assert second.opened is not None and second.opened < p1_end
     [(cued, samples, _, _)] = spk.cues
     assert (cued, samples, p2_samples) == ("p2", RATE // 2, RATE // 2)
+
+
+async def test_the_speaker_buffers_what_the_source_asks_before_it_plays() -> None:
+    """Audio from the network (a satellite's own say: ``fleet.preroll``) asks the speaker
+    for a pre-roll; a source that asks for none gets none."""
+    spk = PacedSpeaker(speed=8.0)
+    r = rig(None, speaker=spk)  # type: ignore[arg-type]
+    done = [r.scheduler.submit(played("net", Feed(tone(0.3), preroll=0.15),
+                                      sinks=("speaker",))),
+            r.scheduler.submit(played("here", Feed(tone(0.3)), sinks=("speaker",)))]
+    assert await asyncio.wait_for(asyncio.gather(*done), 10) == ["finished", "finished"]
+    assert dict(spk.prerolls) == {"net": 0.15, "here": 0.0}

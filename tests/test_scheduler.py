@@ -69,6 +69,7 @@ class PacedSpeaker:
         self.keys: list[tuple[str, float]] = []  # id and pause of each play
         self.starts: list[tuple[str, float | None, float]] = []  # id, start_at, first chunk
         self.cuts: list[str | None] = []  # the id each cut(key) named (None: the current)
+        self.prerolls: list[tuple[str, float]] = []  # id and pre-roll of each play
         self._cut = asyncio.Event()
         self._playing: Any = None  # the key of the play in progress
 
@@ -78,10 +79,12 @@ class PacedSpeaker:
 
     async def play(self, fmt: AudioFormat, chunks: AsyncIterator[bytes],
                    on_first_audio: Callable[[], None] | None = None, key: Any = None,
-                   pause: float = 0.0, start_at: float | None = None) -> PlaybackStats:
+                   pause: float = 0.0, start_at: float | None = None,
+                   preroll: float = 0.0) -> PlaybackStats:
         self._cut.clear()
         self._playing = key
         self.keys.append((key.req.id, pause))
+        self.prerolls.append((key.req.id, preroll))
         start, samples, first, skew = time.monotonic(), 0, True, None
         async for data in chunks:
             if first:

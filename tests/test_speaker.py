@@ -67,12 +67,15 @@ def paced_device(directory: Path, rate: int) -> Paced:
 
 
 def run_driver(spec: dict[str, Any], env: dict[str, str], directory: Path,
-               timeout: float = 90) -> list[dict[str, Any]]:
+               timeout: float = 90, log: list[str] | None = None) -> list[dict[str, Any]]:
+    """The driver's result lines; ``log`` gets the lines it logged."""
     path = directory / "spec.json"
     path.write_text(json.dumps(spec))
     proc = subprocess.run([sys.executable, str(DRIVER), str(path)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"driver failed:\n{proc.stdout}\n{proc.stderr}"
+    if log is not None:
+        log.extend(proc.stderr.splitlines())
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 

@@ -132,6 +132,10 @@ class IncomingSource:
     def waiting(self) -> bool:
         return False  # its text was whole when its audio started
 
+    @property
+    def preroll(self) -> float:
+        return 0.0  # it plays at its start's play_at, fleet.sync_delay after its first chunk
+
     async def pcm(self) -> AsyncGenerator[bytes, None]:
         try:
             async for piece in self.incoming.pcm():

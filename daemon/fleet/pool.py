@@ -174,6 +174,13 @@ class JobSource:
         return self._format
 
     @property
+    def preroll(self) -> float:
+        """Its audio comes chunk by chunk over the network from a worker that has just begun
+        (the first chunks come barely in time on a busy one): ``fleet.preroll`` of it is
+        buffered before it plays, so a late second chunk is not a gap at the start."""
+        return self.pool.fleet.preroll
+
+    @property
     def waiting(self) -> bool:
         """The worker has all of the streamed text so far, and the rest is not written."""
         job = self._job

@@ -52,6 +52,9 @@ class FleetSettings(BaseModel):
     share_group: str = "herald"  # workers subscribe $share/<share_group>/<topic>/jobs
     groups: list[str] = []  # announcement groups this node's speaker plays
     sync_delay: float = Field(0.4, ge=0, le=10)  # a group's audio starts this long after
+    # A request's audio from a worker (a satellite's own say) starts once this much of it
+    # is buffered (or all of it came): a second chunk that comes late is no gap.
+    preroll: float = Field(0.15, ge=0, le=5)
     claim_timeout: float = Field(2.0, gt=0, le=60)  # a job nobody claimed is sent again
     heartbeat: float = Field(0.5, gt=0, le=30)  # a worker's "working" state, this often
     dead_after: float = Field(3.0, gt=0, le=300)  # silent this long: the worker is gone

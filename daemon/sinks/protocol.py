@@ -38,7 +38,8 @@ class Speaker(Protocol):
 
     async def play(self, fmt: AudioFormat, chunks: AsyncIterable[bytes],
                    on_first_audio: Callable[[], None] | None = None, key: object = None,
-                   pause: float = 0.0, start_at: float | None = None) -> Played:
+                   pause: float = 0.0, start_at: float | None = None,
+                   preroll: float = 0.0) -> Played:
         """Play one utterance (s16le mono ``chunks`` in ``fmt``); return once it has drained
         from the device, or was cut. ``on_first_audio()`` runs on the loop when its first
         audio goes to the device. ``key`` names it for cut(key) and cue(key, ...) (by
@@ -46,6 +47,9 @@ class Speaker(Protocol):
         that one ended by itself. ``start_at`` (wall clock, ``time.time()`` seconds): its
         first sample reaches the device's output at that instant, or as soon as it can
         after it (``pause`` then doesn't apply); ``Played.skew`` says how late it was.
+        ``preroll``: at least this many seconds of it buffered before its first sample
+        goes out (or all of it, if it is shorter), for audio that comes over a network;
+        ``on_first_audio`` runs when it does go out.
         Raises SpeakerUnavailable when the device is missing, busy or fails, or the
         utterance could make no progress (after logging)."""
         ...

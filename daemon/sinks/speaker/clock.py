@@ -120,3 +120,10 @@ class DeviceClock:
         ``start_at`` (wall clock), with ``lead_in`` seconds of silence (a device that wakes
         late) before it; zero or less: start it now."""
         return start_at - lead_in - self.startup - START_MARGIN - time.time()
+
+    def start_by(self, start_at: float | None, lead_in: float = 0.0) -> float | None:
+        """``wake_in`` as an instant on ``time.monotonic()``'s clock: the latest the stream
+        may be started for a first sample at ``start_at``; None without a start time."""
+        if start_at is None:
+            return None
+        return time.monotonic() + self.wake_in(start_at, lead_in)

@@ -92,6 +92,17 @@ class Playback(Voice):
                 self.wake = self.loop.call_later(delay, self._woken, wake)
         return self.wake is not None
 
+    def needs_stream(self) -> bool:
+        """Whether a start of its stream that PortAudio refused is to be tried again. That
+        start's audio thread may have run the callback before PortAudio ended it (on a
+        device that takes audio faster than real time: a sound card's buffer is full of
+        silence at the start, and the thread is ended at its first wait) and played some or
+        all of it, or parked it; or it was cut meanwhile."""
+        with self.lock:
+            if self.state is State.PARKED and self.ready():
+                self.state = State.PLAYING
+            return self.state in (State.PLAYING, State.STARVED) and not self.cut
+
     def _woken(self, wake: Callable[[Playback], None]) -> None:
         self.wake = None
         wake(self)

@@ -76,6 +76,7 @@ class SpeakerSink:
         self._clock = DeviceClock(settings.latency_ms / 1000, settings.rate or 48000)
         self._running = False  # stream started and its completion not yet seen
         self._starting = False
+        self._died_starting = False  # the stream stopped while it was being started
         self._ended_at: float | None = None  # when an utterance that ended by itself drained
         self._play_lock = asyncio.Lock()
         self._ticks = 0  # callbacks so far: lets play() notice a stalled device
@@ -187,7 +188,8 @@ class SpeakerSink:
 
     async def play(self, fmt: AudioFormat, chunks: AsyncIterable[bytes],
                    on_first_audio: Callable[[], None] | None = None, key: object = None,
-                   pause: float = 0.0, start_at: float | None = None) -> PlaybackStats:
+                   pause: float = 0.0, start_at: float | None = None,
+                   preroll: float = 0.0) -> PlaybackStats:
         """Play one utterance; returns when it has drained from the device or was cut.
 
         One utterance at a time: a second call waits for the first. ``key`` names it for
@@ -196,7 +198,8 @@ class SpeakerSink:
         utterance, if that one ended by itself (consecutive utterances are paragraphs).
         ``start_at`` (wall clock, ``time.time()``): its first sample reaches the device's
         output then, or as soon as it can after (``pause`` then doesn't apply); the stats'
-        ``skew`` says how late it was."""
+        ``skew`` says how late it was. ``preroll``: seconds of it buffered before it starts
+        (and resumes after an underrun), if more than ``preroll_ms``."""
         if fmt.width != 2 or fmt.channels != 1:
             raise ValueError(f"the speaker takes 16-bit mono PCM, got {fmt}")
         if not self.settings.enabled:
@@ -222,8 +225,9 @@ class SpeakerSink:
                         await asyncio.wait_for(asyncio.shield(prev.done), 1.0)
                     except Exception:
                         pass
-                out = await self._ensure_output(fmt)
+                out = await self._ensure_output(fmt, start_at)
                 p = Playback(loop, fmt.rate, out.rate, self.settings, on_first_audio, key)
+                p.preroll = max(p.preroll, int(preroll * out.rate))
                 if start_at is None:
                     p.lead_in = max(p.lead_in, self._pause_left(pause, out.rate))
                 else:  # the device's lead-in comes before the instant (Playback.held)
@@ -365,9 +369,15 @@ class SpeakerSink:
                 self._settle(p)
                 return
             self._running = True
-            self._clock.starting()
-            await self._dev.call(partial(self._dev.restart, out),
-                                 f"start the sound device {out.device_name!r}")
+            # PortAudio ends the audio thread of a start it refuses and reports the stream
+            # finished: that report is not the device going away (_on_finished).
+            start_by = self._clock.start_by(p.start_at, self.settings.lead_in_ms / 1000)
+            if not await self._dev.start(out, partial(self._may_start, p), start_by):
+                self._running = False
+                if p.cut:
+                    p.finish()
+            elif self._died_starting:  # it started, and stopped before start() returned
+                raise SpeakerUnavailable(self._unplugged())
         except SpeakerUnavailable as e:
             self._running = False
             self._starting = False
@@ -381,6 +391,14 @@ class SpeakerSink:
         for q in dict.fromkeys((p, self._mix.current)):
             if q is not None:
                 self._settle(q)
+
+    def _may_start(self, p: Playback) -> bool:
+        """Before each try at starting the stream for ``p``: whether it still needs it."""
+        going = p.needs_stream()
+        if going:
+            self._died_starting = False
+            self._clock.starting()
+        return going
 
     async def _wait(self, p: Playback, feeder: asyncio.Task[None]) -> None:
         """Wait for the utterance to drain; notice a failed feeder or a stalled playback.
@@ -448,14 +466,17 @@ class SpeakerSink:
         if p is not None and not p.done.done():
             p.finish(error)
 
-    async def _ensure_output(self, fmt: AudioFormat) -> Output:
-        """The open stream for ``fmt``, (re)opening it if the format or device changed."""
+    async def _ensure_output(self, fmt: AudioFormat, start_at: float | None = None
+                             ) -> Output:
+        """The open stream for ``fmt``, (re)opening it if the format or device changed
+        (soon enough for a first sample at ``start_at``, if it can)."""
         out = self._dev.out
         if out is not None and out.src_rate == fmt.rate and not self._dev.reinit:
             return out
         await self._close_output()
         out = await self._dev.open(fmt, lambda channels: partial(self._callback, channels),
-                                   self._finished)
+                                   self._finished,
+                                   self._clock.start_by(start_at, self.settings.lead_in_ms / 1000))
         # What the device holds ahead of the block being written, as PortAudio reports it
         # (its output latency; ALSA may hold up to a period more, and buffers past the
         # device are not seen, as by PortAudio's own drain).
@@ -522,8 +543,13 @@ class SpeakerSink:
             state = p.state
         if state in (State.ENDED, State.PARKED, State.WAITING):
             self._settle(p)  # finish, or restart once the pre-roll is back
+        elif self._starting:  # a refused start's, or one that died at once: _start_stream's
+            self._died_starting = True
         else:
-            name = self._dev.out.device_name if self._dev.out else "?"
             asyncio.get_running_loop().create_task(self._fail(p, SpeakerUnavailable(
-                f"the sound device {name!r} stopped unexpectedly (unplugged?); it will be "
-                "reopened for the next utterance")))
+                self._unplugged())))
+
+    def _unplugged(self) -> str:
+        name = self._dev.out.device_name if self._dev.out else "?"
+        return (f"the sound device {name!r} stopped unexpectedly (unplugged?); it will be "
+                "reopened for the next utterance")
