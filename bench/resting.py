@@ -4,7 +4,11 @@ Starts herald as soak.py does (its own broker, HTTP, Wyoming, the speaker on ALS
 plugin), reads its resident memory from /proc at ready, after a few short Wyoming requests
 (a herald that has served before), right after one long request, and once idle again.
 
-    .venv/bin/python -m bench.resting [--chars 17000]
+    .venv/bin/python -m bench.resting [--chars 17000] [--requests 1]
+
+With ``--requests N`` the long request is made N times, the idle level read after each: a
+level that keeps climbing request after request would be a leak; one that settles is what
+the kernel cache and the allocator's arenas hold at most.
 """
 
 from __future__ import annotations
@@ -85,6 +89,9 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chars", type=int, default=17_000,
                     help="characters in the long request (default 17000)")
+    ap.add_argument("--requests", type=int, default=1,
+                    help="how many times the long request is made, the idle level read "
+                         "after each (default 1)")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="herald-resting-"))
     port, http, wyoming = free_port(), free_port(), free_port()
@@ -104,11 +111,12 @@ def main() -> int:
         for text in SENTENCES[:4]:
             asyncio.run(synthesize(wyoming, text))
         print(f"after 4 short requests, idle: {resting(daemon.pid):.0f} MB", flush=True)
-        t0 = time.monotonic()
-        seconds = asyncio.run(synthesize(wyoming, long_text(a.chars)))
-        print(f"one {a.chars}-character request ({seconds:.0f} s of audio in "
-              f"{time.monotonic() - t0:.0f} s): {footprint(daemon.pid)[0]:.0f} MB right "
-              f"after, {resting(daemon.pid):.0f} MB idle", flush=True)
+        for k in range(1, a.requests + 1):
+            t0 = time.monotonic()
+            seconds = asyncio.run(synthesize(wyoming, long_text(a.chars)))
+            print(f"{a.chars}-character request {k} of {a.requests} ({seconds:.0f} s of audio "
+                  f"in {time.monotonic() - t0:.0f} s): {footprint(daemon.pid)[0]:.0f} MB right "
+                  f"after, {resting(daemon.pid):.0f} MB idle", flush=True)
     finally:
         daemon.terminate()
         daemon.wait(30)
