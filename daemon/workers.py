@@ -373,12 +373,9 @@ class Render(Generic[T]):
         if first:
             self._first_out = now
             self._workers.playing(self, True)
-            if self._workers.pace is not None and seconds > 0:
-                # The first step's time is mostly the sentence's encoder pass, done once:
-                # the next window (twice this one's audio, at most) costs what whole
-                # windows cost. Counted at the first step's time instead, a playing stream
-                # looks 2-3 times as expensive to the streams waiting behind it.
-                self._cost = min(took, 2 * seconds * self._workers.pace)
+            # Its next step is counted at this one's time, encoder pass included: the
+            # second step joins the rest of the sentence's prior, and counted at the
+            # pool's pace alone it let the streams behind it take the turns it needed.
         elif self._last_seconds > 0:
             # Windows grow (the synthesizer doubles them up to a largest): the next step
             # costs as much more as this one's audio grew over the one before.
