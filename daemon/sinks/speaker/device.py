@@ -167,13 +167,14 @@ class Device:
             wait = self.settings.retry_seconds - (now - self._failed_at)
             raise SpeakerUnavailable(f"{self._failure} (retrying in {wait:.0f} s)")
         try:
-            self.out = await self.trying(lambda: self._open(fmt, callback, finished),
-                                         "open the sound device", start_by)
+            o = await self.trying(lambda: self._open(fmt, callback, finished),
+                                  "open the sound device", start_by)
         except SpeakerUnavailable as e:
             self.gone(e)  # rescan devices on the retry: it may have been plugged in
             raise
+        assert o is not None  # (tried while wanted: always, here)
+        self.out = o
         self._failed_at, self.reinit = None, False
-        o = self.out
         log.info("speaker: %s at %d Hz, %d channel(s)%s, latency %.0f ms", o.device_name,
                  o.rate, o.channels,
                  f", resampling from {fmt.rate} Hz" if o.rate != fmt.rate else "",
@@ -229,13 +230,15 @@ class Device:
 
     # ----------------------------------------------------- speaker thread (blocking)
 
-    def _restart(self, out: Output) -> None:
+    def _restart(self, out: Output) -> bool:
+        """True once started (``trying`` tells a start from a start not wanted by None)."""
         try:
             if out.refused:
                 self._renew(out)
             out.stream.stop()  # a completed stream must be stopped before it restarts
             self.generation += 1  # completion reports from before this are stale
             out.stream.start()
+            return True
         except self._sd.PortAudioError as e:
             # PortAudio has ended the audio thread it started (and reported it finished).
             out.refused = True
