@@ -156,8 +156,7 @@ class Workers:
         """Takes the job to run next out of the waiting ones (under the lock)."""
         if not self._waiting:
             return None
-        states = [q.state(self.first_cost) for q in self._waiting]
-        rtfs = [r.need for r in self._streams]
+        states, rtfs = self._states()
         i = pick(states, time.monotonic(), rtfs, self._n)
         held = sum(1 for k, d in enumerate(states)
                    if k != i and d.runs_out is None and not admitted(d, rtfs, self._n))
@@ -174,10 +173,15 @@ class Workers:
         with self._lock:
             if not self._waiting:
                 return None
-            rtfs = [r.need for r in self._streams]
-            states = [q.state(self.first_cost) for q in self._waiting]
+            states, rtfs = self._states()
             return sum(d.cost for d in states
                        if d.runs_out is not None or admitted(d, rtfs, self._n)) / self._n
+
+    def _states(self) -> tuple[list[Due], list[float]]:
+        """(Under the lock.) Where each waiting job stands, and the share of the workers each
+        playing stream needs: what ``daemon.deadlines`` decides from."""
+        return ([q.state(self.first_cost) for q in self._waiting],
+                [r.need for r in self._streams])
 
     def playing(self, render: Render[Any], now: bool) -> None:
         """A render started playing (its first chunk is out), or ended."""
@@ -373,9 +377,9 @@ class Render(Generic[T]):
         if first:
             self._first_out = now
             self._workers.playing(self, True)
-            # Its next step is counted at this one's time, encoder pass included: the
-            # second step joins the rest of the sentence's prior, and counted at the
-            # pool's pace alone it let the streams behind it take the turns it needed.
+            # Its next step is counted at this one's time, encoder pass included: that
+            # step also joins the rest of the sentence's prior, which the pool's pace over
+            # whole windows leaves out.
         elif self._last_seconds > 0:
             # Windows grow (the synthesizer doubles them up to a largest): the next step
             # costs as much more as this one's audio grew over the one before.

@@ -13,7 +13,7 @@ from sentences import LONG_SENTENCE
 from synthetic_voice import VARIANTS, random_model
 
 from tts import SynthesisOptions
-from tts.stream import FlowPace, decode_windows, window_plan
+from tts.stream import FlowPace, decode_windows
 
 
 def stopped_clock() -> float:
@@ -161,11 +161,25 @@ def test_the_first_chunk_needs_only_the_head_of_the_prior(  # type: ignore[no-un
     assert pulled[0] < pulled[1]  # the head is the smaller part
 
 
+def window_ends(frames: int, first: int, largest: int) -> list[int]:
+    """Where ``decode_windows`` ends its windows over ``frames`` latent frames (a chunk's
+    samples need not fall on a frame boundary: the nearest)."""
+    model = random_model(VARIANTS[sorted(VARIANTS)[0]])
+    hop = model.config.hop_length
+    z_p = torch.randn(1, model.config.inter_channels, frames)
+    ends, samples = [], 0
+    for chunk, _ in decode_windows(model, z_p, None, first=first, largest=largest):
+        samples += len(chunk)
+        ends.append(round(samples / hop))
+    return ends
+
+
 def test_window_plan() -> None:
-    assert window_plan(300, 8, 128) == [(0, 8), (8, 24), (24, 56), (56, 120), (120, 248),
-                                        (248, 300)]
-    assert window_plan(10, 8, 128) == [(0, 10)]  # a tail shorter than 8 is folded in
-    assert window_plan(0, 8, 128) == []
+    """``first`` frames, then doubling up to ``largest``; a tail shorter than ``first`` is
+    folded into the window before it."""
+    assert window_ends(300, 8, 128) == [8, 24, 56, 120, 248, 300]
+    assert window_ends(10, 8, 128) == [10]  # a tail shorter than 8 is folded in
+    assert window_ends(0, 8, 128) == []
 
 
 def test_real_voice_streams_exactly_with_noise(synth) -> None:  # type: ignore[no-untyped-def]

@@ -126,21 +126,6 @@ def _apply_gain(samples: np.ndarray, gain: float) -> np.ndarray:
     return clipped
 
 
-def window_plan(frames: int, first: int, largest: int) -> list[tuple[int, int]]:
-    """Frame ranges to decode: ``first`` frames, then doubling up to ``largest``.
-
-    A tail shorter than ``first`` is folded into the window before it rather than decoded
-    as a sliver of its own.
-    """
-    plan = []
-    start, size = 0, first
-    while start < frames:
-        end = next_window(start, size, largest, first, frames, complete=True)
-        plan.append((start, end))
-        start, size = end, min(largest, size * 2)
-    return plan
-
-
 class FlowPace:
     """How many frames the flow may run ahead of what the generator needs next.
 
@@ -241,9 +226,10 @@ def decode_windows(model: Vits, z_p: torch.Tensor | Iterable[torch.Tensor],
     ``z_p`` may come in parts along time (``Vits.prior_parts``): the first window is decoded
     as soon as the parts cover it and its look-ahead, the rest are taken after it.
 
-    Without ``wanted`` the windows follow ``window_plan``; with it (a ``Demand`` in frames,
-    ``in_frames``), a window is made as long as it asks where that is longer, up to
-    ``largest``, and while it is not None the flow never runs ahead.
+    The windows: ``first`` frames, then doubling up to ``largest``, a tail shorter than
+    ``first`` folded into the window before it (``next_window``). With ``wanted`` (a
+    ``Demand`` in frames, ``in_frames``), a window is made as long as it asks where that is
+    longer, up to ``largest``, and while it is not None the flow never runs ahead.
     """
     pace = pace or FlowPace(1, cap=0)
     dc, fc = model.dec.receptive_field, model.flow.receptive_field

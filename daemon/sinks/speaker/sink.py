@@ -371,8 +371,8 @@ class SpeakerSink:
             self._running = True
             # PortAudio ends the audio thread of a start it refuses and reports the stream
             # finished: that report is not the device going away (_on_finished).
-            start_by = self._clock.start_by(p.start_at, self.settings.lead_in_ms / 1000)
-            if not await self._dev.start(out, partial(self._may_start, p), start_by):
+            if not await self._dev.start(out, partial(self._may_start, p),
+                                         self._start_by(p.start_at)):
                 self._running = False
                 if p.cut:
                     p.finish()
@@ -391,6 +391,11 @@ class SpeakerSink:
         for q in dict.fromkeys((p, self._mix.current)):
             if q is not None:
                 self._settle(q)
+
+    def _start_by(self, start_at: float | None) -> float | None:
+        """The latest moment (``time.monotonic()``) to start the stream for a first sample at
+        ``start_at``, the device's lead-in included; None without a start time."""
+        return self._clock.start_by(start_at, self.settings.lead_in_ms / 1000)
 
     def _may_start(self, p: Playback) -> bool:
         """Before each try at starting the stream for ``p``: whether it still needs it."""
@@ -475,8 +480,7 @@ class SpeakerSink:
             return out
         await self._close_output()
         out = await self._dev.open(fmt, lambda channels: partial(self._callback, channels),
-                                   self._finished,
-                                   self._clock.start_by(start_at, self.settings.lead_in_ms / 1000))
+                                   self._finished, self._start_by(start_at))
         # What the device holds ahead of the block being written, as PortAudio reports it
         # (its output latency; ALSA may hold up to a period more, and buffers past the
         # device are not seen, as by PortAudio's own drain).
