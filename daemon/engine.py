@@ -37,6 +37,10 @@ from tts.warm import Warmer
 from .synthesis import pick_voice
 from .workers import Render, Workers
 
+# Seconds from the last job's end to the hand-back of freed memory (``Engine.rest``): by
+# then what the job's listeners and the synthesis's own frames held has been freed too.
+REST_AFTER = 1.0
+
 log = logging.getLogger(__name__)
 
 
@@ -65,6 +69,7 @@ class Engine:
         self._active = 0  # renders in progress (changed on the loop, read by the warmer)
         self._renders = 0  # renders started, ever
         self.resting = RestingLevel()
+        self._rest_timer: asyncio.TimerHandle | None = None
         self._warmer = Warmer(lambda: [s.model for s in catalog.loaded()],
                               busy=lambda: self._active > 0, interval=settings.warm_interval,
                               generation=lambda: self._renders)
@@ -170,13 +175,27 @@ class Engine:
         finally:
             self._active -= 1
             render.close()
-            if self._active == 0 and self.resting.due():
-                self._hand_back()
 
-    def _hand_back(self) -> None:
-        """Once nothing synthesizes: give back what a long request left freed but resident
-        (``tts.memory.RestingLevel``), on a worker (the loop never waits on the C library);
+    def rest(self) -> None:
+        """Nothing is in hand (no job queued, synthesizing or playing): in ``REST_AFTER``
+        seconds, give back what the work left freed but resident, if the process holds
+        enough above where it last rested (``tts.memory.RestingLevel``).
+
+        Not when the last synthesis ends, nor at once when the job does: what its listeners
+        and its frames still hold is freed a moment later, and what is freed after a
+        hand-back stays resident (measured: a 3,000-character request's job kept 30 MB that
+        way); the level read then was that much too high, and the next long request was
+        not seen to be over it. On a worker (the loop never waits on the C library);
         skipped if a synthesis has started by then."""
+        if self._rest_timer is not None:
+            self._rest_timer.cancel()
+        self._rest_timer = asyncio.get_running_loop().call_later(REST_AFTER, self._rest_now)
+
+    def _rest_now(self) -> None:
+        self._rest_timer = None
+        if self._active or not self.resting.due():
+            return
+
         def release() -> None:
             if self._active == 0:
                 self.resting.idle()
@@ -201,6 +220,8 @@ class Engine:
         """Stop the workers after their current step, waiting up to ``join`` seconds for
         each; True if none is still computing."""
         self._warmer.stop()
+        if self._rest_timer is not None:
+            self._rest_timer.cancel()
         return self._workers.close(join)
 
 

@@ -512,4 +512,7 @@ class Scheduler:
         if not utt.done.done():
             utt.done.set_result(outcome)
         self._pump(utt.lane)
+        if self.engine is not None and not any(
+                lane.running or lane.waiting for lane in self._lanes()):
+            self.engine.rest()
 

@@ -96,6 +96,9 @@ class Synthesis(VoiceList, Protocol):
     def stream_steps(self, batches: AsyncGenerator[list[Step], None], voice: str | None,
                      options: SynthesisOptions) -> AsyncGenerator[AudioChunk, None]: ...
 
+    def rest(self) -> None:
+        """Called when the last job in hand has ended: a moment to give memory back."""
+
 
 class AudioSource(Protocol):
     """A request's audio made somewhere else (a fleet worker, issue 19), played in place of a

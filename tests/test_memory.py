@@ -1,6 +1,7 @@
 """What a long request may keep after it ends, measured on a real ``herald run`` through
 ``/proc``: its resident memory once idle again must come back to within a bound of where it
-rested before (``tts.memory``: the kernel cache is bounded, the freed heap handed back)."""
+rested before (``tts.memory``: oneDNN's kernel cache and PyTorch's cache of convolution
+descriptions are bounded; ``Engine.rest`` hands the freed heap back once the job is over)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,11 @@ from herald_process import start_herald
 
 from bench.resting import SENTENCES, long_text, resting, synthesize
 
-LONG_CHARS = 3000  # about 160 s of speech; before the fix it kept well over KEEP_MB
+LONG_CHARS = 3000  # about 160 s of speech
 KEEP_MB = 24.0  # what the long request may leave resident, once idle
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "holds on a busy host (11-21 MB kept), not on a quiet one: there the request keeps 44 MB "
-    "with oneDNN's kernel cache at 256 (it passes at 64, which would evict the kernels every "
-    "request uses); issue 18, item 8, still open"))
 def test_a_long_request_does_not_raise_the_resting_level(tmp_path: Path) -> None:
     port = free_port()
     config = tmp_path / "herald.toml"

@@ -18,9 +18,11 @@ library code only start-up needed.
 
 * **Freed memory handed back after a long request, once idle.** A long text leaves the heaps
   of the threads that rendered it holding what its sentences used, freed but resident:
-  ``RestingLevel`` hands it back when nothing is synthesizing and the process holds more than
-  ``REST_SLACK_MB`` above where it rested after the last hand-back. Short commands never
-  get there, so their pages stay mapped and their first audio as fast as before.
+  ``RestingLevel`` hands it back when its caller has nothing in hand (no synthesis, and no
+  audio still on its way to a listener: what is freed after a hand-back stays resident) and
+  the process holds more than ``REST_SLACK_MB`` above where it rested after the last
+  hand-back. Short commands never get there, so their pages stay mapped and their first
+  audio as fast as before.
 * **oneDNN's cache of convolution kernels, bounded.** oneDNN compiles a kernel for every
   convolution shape it meets and keeps up to 1024 of them. Each sentence has its own length,
   so its encoder and prior convolutions have shapes of their own: a long text fills the
@@ -29,6 +31,16 @@ library code only start-up needed.
   hundred); a shape evicted and met again is compiled again, a fraction of a millisecond
   (bench/README.md has both sides). An operator's own ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``
   wins.
+* **PyTorch's cache of convolution descriptions, bounded too.** Above oneDNN, PyTorch's
+  ideep layer keeps its own cache of what it built for each convolution shape (the
+  primitive's description, and a reference to the primitive itself), up to 1024 of them
+  (``LRU_CACHE_CAPACITY``). That one, not oneDNN's, is what a long text filled: it kept
+  about 15 MB of heap in use for good after a 3,000-character request, and held on to the
+  kernels oneDNN's bounded cache had let go. At ``IDEEP_CACHE_CAPACITY``, as many as the
+  kernels oneDNN keeps, it holds what every request uses: a hit saves building the
+  description again (tens of microseconds a convolution), which did not show in total
+  synthesis time at any capacity, but at 64 a short command's first audio came a few
+  milliseconds later. An operator's own ``LRU_CACHE_CAPACITY`` wins.
 * **Library code that was only needed to start, unmapped.** Importing torch maps in more
   than a hundred megabytes of its libraries' code (their initialisers touch it) that
   synthesis never runs again, and every mapped page counts in the process's resident size.
@@ -60,6 +72,7 @@ _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 _MADV_DONTNEED = 4
 MMAP_THRESHOLD = 1 << 20  # bytes
 ONEDNN_CACHE_CAPACITY = 256  # kernels; oneDNN's default is 1024
+IDEEP_CACHE_CAPACITY = 256  # convolution descriptions (one per kernel); PyTorch's default: 1024
 REST_SLACK_MB = 16.0  # resident growth over the resting level that an idle moment hands back
 
 
@@ -86,10 +99,13 @@ def pin_mmap_threshold() -> None:
 
 
 def bound_kernel_cache() -> None:
-    """Cap oneDNN's kernel cache at ONEDNN_CACHE_CAPACITY unless the environment sets it.
-    oneDNN reads the variable when it makes its first kernel: call this before any
-    synthesis (setting it in ``os.environ`` reaches the C library's environment)."""
+    """Cap oneDNN's kernel cache at ONEDNN_CACHE_CAPACITY and PyTorch's cache of
+    convolution descriptions at IDEEP_CACHE_CAPACITY, unless the environment sets them.
+    Both libraries read their variable when they make their first convolution: call this
+    before any synthesis (setting it in ``os.environ`` reaches the C library's
+    environment)."""
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
+    os.environ.setdefault("LRU_CACHE_CAPACITY", str(IDEEP_CACHE_CAPACITY))
 
 
 def resident_mb() -> float | None:
