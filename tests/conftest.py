@@ -17,6 +17,9 @@ from bench.net import alsa_env, free_port, wait_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# @pytest.mark.alone: no other test runs meanwhile, under README's parallel test command
+pytest_plugins = ["alone"]
+
 
 @dataclass
 class BrokerTls:

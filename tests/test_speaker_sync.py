@@ -34,6 +34,9 @@ TOGETHER = 0.03  # seconds: two speakers playing one announcement start at most 
 # pacer's reads are 512 bytes (12 ms) apart, and its thread wakes a few ms late at times.
 SAME_DEVICE = 0.02
 
+# Starts to 10 ms: measured with no other test running beside (tests/alone.py).
+pytestmark = pytest.mark.alone
+
 
 @pytest.fixture(scope="module")
 def speech(synth, tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
