@@ -22,7 +22,7 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 from typing import IO
 
@@ -46,12 +46,12 @@ def _locks(directory: Path) -> tuple[IO[str], IO[str]]:
     return _files
 
 
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None
+                            ) -> Generator[None, object, object]:
     directory = _lock_dir()
     if directory is None:
-        yield
-        return
+        return (yield)
     gate, room = _locks(directory)
     alone = item.get_closest_marker("alone") is not None
     fcntl.flock(gate, fcntl.LOCK_EX)
@@ -59,7 +59,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if not alone:
         fcntl.flock(gate, fcntl.LOCK_UN)
     try:
-        yield
+        return (yield)
     finally:
         fcntl.flock(room, fcntl.LOCK_UN)
         fcntl.flock(gate, fcntl.LOCK_UN)
