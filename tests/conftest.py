@@ -17,8 +17,8 @@ from bench.net import alsa_env, free_port, wait_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# @pytest.mark.alone: no other test runs meanwhile, under README's parallel test command
-pytest_plugins = ["alone"]
+# Two xdist workers under README's test command: the order of modules, @pytest.mark.alone
+pytest_plugins = ["parallel"]
 
 
 @dataclass

@@ -146,7 +146,7 @@ async def test_the_watchdog_starves_while_a_wyoming_job_makes_no_progress(
     assert dog.healthy()
 
 
-@pytest.mark.alone  # first audio within a second, measured (tests/alone.py)
+@pytest.mark.alone  # first audio within a second, measured (tests/parallel.py)
 async def test_abandoned_wyoming_requests_stop_at_once(engine: Engine,
                                                        fronts: list[Fronts]) -> None:
     """20 clients ask for ten seconds of speech each and hang up at once: their jobs stop

@@ -25,6 +25,8 @@ from mqtt_client import BASE, DEVICE, Client
 PIECES = 100_000
 FLOOD_ID = "flood"
 
+pytestmark = pytest.mark.slow  # 100,000 pieces, then the summary of the dropped ones
+
 # The flooder: a separate process, so that its publishing does not compete for this
 # process's GIL with the client that measures herald's answers. QoS 1 as an automation would
 # send, without a network thread and with paho's inflight window opened wide, so that it

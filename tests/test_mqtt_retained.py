@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import Broker
 from herald_process import HeraldProcess, herald_env, mqtt_only_config, start_herald
 from mqtt_client import BASE, DEVICE, Client
@@ -33,6 +34,7 @@ def _online(broker: Broker, herald: HeraldProcess) -> Client:
     return c
 
 
+@pytest.mark.slow  # three herald runs, one after the other
 def test_a_retained_say_sent_while_herald_was_away_is_not_spoken_and_reported_once(
         broker: Broker, tmp_path: Path) -> None:
     first = _start(tmp_path, broker, "first")

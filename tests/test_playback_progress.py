@@ -46,6 +46,8 @@ BURSTS = 50
 BURST_WAIT = 30.0  # seconds for one burst's three utterances (a hang guard)
 RATE = 22050  # the default voice's rate, at which the device runs
 
+pytestmark = pytest.mark.slow  # fifty bursts; a stall left to be noticed
+
 
 @dataclass
 class Herald(HeraldProcess):

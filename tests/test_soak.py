@@ -10,12 +10,15 @@ memory says little.
 
 from __future__ import annotations
 
+import pytest
+
 from bench.soak import run
 
 WARMUP = 5  # rounds before the counts are taken: pools and connections reach their size
 ROUNDS = 25
 
 
+@pytest.mark.slow
 def test_rounds_of_requests_leave_no_file_descriptors_or_threads_behind() -> None:
     soak = run(ROUNDS, WARMUP)  # raises on any wrong answer, saying what was wrong
     g = soak.growth()

@@ -34,7 +34,7 @@ TOGETHER = 0.03  # seconds: two speakers playing one announcement start at most 
 # pacer's reads are 512 bytes (12 ms) apart, and its thread wakes a few ms late at times.
 SAME_DEVICE = 0.02
 
-# Starts to 10 ms: measured with no other test running beside (tests/alone.py).
+# Starts to 10 ms: measured with no other test running beside (tests/parallel.py).
 pytestmark = pytest.mark.alone
 
 

@@ -52,7 +52,7 @@ async def browser(tmp_path: Path) -> AsyncIterator[Any]:
         await context.close()
 
 
-@pytest.mark.alone  # Stop must be clicked while the audio still plays (tests/alone.py)
+@pytest.mark.alone  # Stop must be clicked while the audio still plays (tests/parallel.py)
 async def test_page_plays_while_the_audio_streams(engine, browser) -> None:  # type: ignore[no-untyped-def]
     front = await serve(engine)
     try:
