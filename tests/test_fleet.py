@@ -257,6 +257,7 @@ def test_a_satellite_answers_like_a_plain_herald(home: Home) -> None:
 # --------------------------------------------------------------------------- groups
 
 
+@pytest.mark.alone  # its members' start times to TOGETHER_MS: a busy neighbour would move them
 def test_a_group_announcement_is_played_by_every_member_once(home: Home, synth: Any) -> None:
     before = {s: len(home.nodes[s].heard()) for s in SATELLITES}
     home.client.publish(f"{FLEET}/group/{GROUP}/say",
