@@ -183,10 +183,10 @@ class Engine:
 
         Not when the last synthesis ends, nor at once when the job does: what its listeners
         and its frames still hold is freed a moment later, and what is freed after a
-        hand-back stays resident (measured: a 3,000-character request's job kept 30 MB that
-        way); the level read then was that much too high, and the next long request was
-        not seen to be over it. On a worker (the loop never waits on the C library);
-        skipped if a synthesis has started by then."""
+        hand-back stays resident; the level read at such a hand-back is too high by as
+        much, and the next long request is not seen to be over it (bench/README.md,
+        "Resting level"). On a worker (the loop never waits on the C library); skipped if
+        a synthesis has started by then."""
         if self._rest_timer is not None:
             self._rest_timer.cancel()
         self._rest_timer = asyncio.get_running_loop().call_later(REST_AFTER, self._rest_now)

@@ -64,8 +64,8 @@ def slow_env(env: dict[str, str], lib: Path, starts: int) -> dict[str, str]:
 
 # How much of an utterance a refused start's audio thread takes before PortAudio ends it (the
 # null device takes it as fast as it comes) depends on how soon that thread is ended: a busy
-# neighbour delays it, and under xdist the refused starts of the test below once took the
-# whole long utterance, leaving nothing for the last try. Alone, they run as in a serial run.
+# neighbour delays it, and can let the refused starts of the test below take the whole long
+# utterance, leaving nothing for the last try. Alone, they run as in a serial run.
 @pytest.mark.alone
 def test_a_start_that_times_out_is_tried_again_and_plays(  # type: ignore[no-untyped-def]
         long, slow_start, alsa_file) -> None:

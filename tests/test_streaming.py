@@ -174,7 +174,7 @@ def window_ends(frames: int, first: int, largest: int) -> list[int]:
     return ends
 
 
-def test_window_plan() -> None:
+def test_windows_double_up_to_the_largest() -> None:
     """``first`` frames, then doubling up to ``largest``; a tail shorter than ``first`` is
     folded into the window before it."""
     assert window_ends(300, 8, 128) == [8, 24, 56, 120, 248, 300]
