@@ -17,7 +17,7 @@ from bench.net import alsa_env, free_port, wait_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Two xdist workers under README's test command: the order of modules, @pytest.mark.alone
+# The suite on two xdist workers (README, Development): the order of modules, @pytest.mark.alone
 pytest_plugins = ["parallel"]
 
 

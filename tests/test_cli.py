@@ -72,6 +72,7 @@ def test_malformed_ssml_is_one_clear_line(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+@pytest.mark.alone  # plays in real time: a busy neighbour starves it into gaps (tests/parallel.py)
 def test_say_to_the_sound_device(alsa_file) -> None:  # type: ignore[no-untyped-def]
     r = run("say", "Hello from herald.", env=alsa_file.env)
     assert r.returncode == 0, r.stderr
