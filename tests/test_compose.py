@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from audio_checks import assert_speech, rms
+from audio_checks import assert_pcm_close, assert_speech, rms
 from synthetic_voice import VARIANTS, export_like_piper, random_model
 
 from tts import SynthesisOptions, UnknownVoice, VoiceCatalog
@@ -174,7 +174,7 @@ def test_plain_text_equals_the_synthesizer(composer: Composer, synth) -> None:  
     text = "Turn on the kitchen lights."
     composed = _audio(list(composer.stream(text, options=OPTS)))
     direct = np.concatenate([c.samples for c in synth.stream(text, OPTS)])
-    assert np.array_equal(composed, direct)
+    assert_pcm_close(composed, direct)
 
 
 def test_rate_changes_duration(composer: Composer) -> None:
