@@ -1,17 +1,21 @@
 """Engine benchmark: herald's streaming PyTorch engine against piper-tts (onnxruntime), same
-voice, same texts, same thread count, in one run.
+voice, same texts, same number of cores, in one run.
 
-For each thread count, both engines are loaded in one process and alternate run by run (so
-a load that drifts hits both alike); every time is a median over repetitions. Peak RSS is
-measured apart, each engine alone in a fresh process speaking the long sentence. Shared
-machines drift,
-so read the ratios herald / piper-tts, not the absolute times.
+For each core count, both engines are loaded in one process and alternate run by run (so a
+load that drifts hits both alike); every time is a median over repetitions. At N cores,
+piper-tts runs onnxruntime on N intra-op threads; herald runs as the daemon does, one thread
+of its own and N - 1 helper processes (``daemon.helpers``). Figures: the first audio and the
+whole audio of a short command and of a long sentence, the real-time factor of the long one,
+and the CPU time per second of speech (herald's helpers included). Memory is measured apart,
+each engine alone in a fresh process speaking the long sentence: peak RSS of the main
+process, PSS and USS over all of its processes. Shared machines drift, so read the ratios
+herald / piper-tts, with the machine line printed first.
 
     .venv/bin/herald bench [--json] [--repeats N] [--threads 1 2] [--keep-warm auto|on|off]
 
-herald runs as the daemon runs it: ``--keep-warm`` is the daemon's ``voices.keep_warm``
-(default ``auto``: where idle memory goes cold, as on some VM hosts, herald keeps its voice's
-weights warm between requests; piper-tts has no such thing and does not get it).
+``--keep-warm`` is the daemon's ``voices.keep_warm`` (default ``auto``: where idle memory goes
+cold, as on some VM hosts, herald keeps its voice's weights warm between requests;
+piper-tts has no such thing and does not get it).
 
 What that costs while nobody speaks: ``python -m bench.engine --idle-cpu 20`` holds the voice,
 speaks once, then reports the process's CPU over 20 s of idle with the sweeps and without.
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -34,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bench.machine import describe
+
 if TYPE_CHECKING:  # tts imports torch: the piper-tts RSS process must not (see _peak_rss)
     from tts.memory import KeepWarm
 
@@ -45,21 +52,42 @@ LONG = ("The weather service says that a band of heavy rain will reach the coast
         "out early tomorrow morning.")
 
 
-Timed = Callable[[str], tuple[float, float, float]]
+Run = tuple[float, float, float, float]  # first chunk, all of it, audio, CPU (seconds)
+Timed = Callable[[str], Run]
 
 
-def _timed(chunks: Callable[[str], Iterable[np.ndarray]], rate: int) -> Timed:
-    """A run of one text: (seconds to the first chunk, seconds in all, seconds of audio)."""
+def _cpu_of(pids: Callable[[], list[int]]) -> Callable[[], float]:
+    """CPU seconds this process and the processes ``pids`` gives have used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
 
-    def once(text: str) -> tuple[float, float, float]:
-        t0 = time.perf_counter()
+    def used() -> float:
+        total = time.process_time()
+        for pid in pids():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            except (OSError, IndexError, ValueError):
+                pass
+        return total
+
+    return used
+
+
+def _timed(chunks: Callable[[str], Iterable[np.ndarray]], rate: int,
+           cpu: Callable[[], float] = time.process_time) -> Timed:
+    """A run of one text: (seconds to the first chunk, seconds in all, seconds of audio,
+    CPU seconds used meanwhile)."""
+
+    def once(text: str) -> Run:
+        c0, t0 = cpu(), time.perf_counter()
         first = None
         samples = 0
         for chunk in chunks(text):
             if first is None:
                 first = time.perf_counter() - t0
             samples += len(chunk)
-        return first or 0.0, time.perf_counter() - t0, samples / rate
+        return first or 0.0, time.perf_counter() - t0, samples / rate, cpu() - c0
 
     return once
 
@@ -67,13 +95,23 @@ def _timed(chunks: Callable[[str], Iterable[np.ndarray]], rate: int) -> Timed:
 def _herald(threads: int | None, keep_warm: KeepWarm = "auto") -> tuple[Timed, bool]:
     """herald as the daemon runs it (``threads`` None: its default), and whether its warmer
     sweeps while idle."""
-    from tts import SynthesisOptions, VoiceCatalog, set_threads
+    from daemon.helpers import HelperPool
+    from tts import SynthesisOptions, VoiceCatalog, default_threads, prepare_process
     from tts.warm import Warmer
 
-    set_threads(threads)
-    synth = VoiceCatalog().synthesizer()
+    prepare_process()
+    catalog = VoiceCatalog()
+    synth = catalog.synthesizer()
+    lanes = threads or default_threads()
+    # As the daemon runs it: a synthesis on one thread, and helper processes forked once the
+    # voice is loaded, for the cores beyond the first.
+    helpers = HelperPool(catalog, lanes - 1) if lanes > 1 else None
+    if helpers is not None:
+        atexit.register(helpers.close)
     opts = SynthesisOptions()
-    once = _timed(lambda text: (c.samples for c in synth.stream(text, opts)), synth.sample_rate)
+    once = _timed(lambda text: (c.samples for c in synth.stream(text, opts, helpers)),
+                  synth.sample_rate, _cpu_of(lambda: helpers.pids if helpers else []))
+    _herald_processes[:] = [os.getpid(), *(helpers.pids if helpers else [])]
     if keep_warm == "off":
         return once, False
     busy = threading.Event()  # as the daemon's engine: no sweep while it speaks
@@ -83,7 +121,7 @@ def _herald(threads: int | None, keep_warm: KeepWarm = "auto") -> tuple[Timed, b
     atexit.register(warmer.stop)
     warmer.decided.wait()  # measure herald as it will run: with or without the sweeps
 
-    def speaking(text: str) -> tuple[float, float, float]:
+    def speaking(text: str) -> Run:
         busy.set()
         try:
             return once(text)
@@ -129,7 +167,7 @@ def _timing(threads: int | None, repeats: int, keep_warm: KeepWarm = "auto"
     engines = {"herald": herald, "piper": _piper(threads)}
     for once in engines.values():
         once(SHORT)  # warm-up
-    raw: dict[str, dict[str, list[tuple[float, float, float]]]] = {
+    raw: dict[str, dict[str, list[Run]]] = {
         name: {"short": [], "long": []} for name in engines}
     for rep in range(repeats):
         order = list(engines) if rep % 2 == 0 else list(reversed(engines))
@@ -148,6 +186,7 @@ def _timing(threads: int | None, repeats: int, keep_warm: KeepWarm = "auto"
                 "first_audio_ms": statistics.median(r[0] for r in runs) * 1000,
                 "total_ms": statistics.median(r[1] for r in runs) * 1000,
                 "rtf": statistics.median(r[1] / r[2] for r in runs),
+                "cpu_per_audio_s": statistics.median(r[3] / r[2] for r in runs),
                 "audio_s": runs[0][2],
             }
     out["herald"]["keep_warm_sweeping"] = sweeping
@@ -160,15 +199,21 @@ def _peak_rss(engine: str, threads: int, model: Path | None = None) -> None:
     all, counted by share or not at all). piper-tts gets its voice file from the caller:
     found through ``tts``, it would carry torch's ~220 MB in its figure."""
     (_herald(threads, "off")[0] if engine == "herald" else _piper(threads, model))(LONG)
+    pids = _herald_processes if engine == "herald" else [os.getpid()]
+    sizes = [_pss_uss_mb(pid) for pid in pids]
     print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      **_pss_uss_mb()}))
+                      "pss_mb": sum(s.get("pss_mb", 0.0) for s in sizes),
+                      "uss_mb": sum(s.get("uss_mb", 0.0) for s in sizes)}))
 
 
-def _pss_uss_mb() -> dict[str, float]:
-    """This process's proportional and unique set sizes now, in MB (Linux)."""
+_herald_processes: list[int] = []  # herald's process and its helpers, once _herald ran
+
+
+def _pss_uss_mb(pid: int | str = "self") -> dict[str, float]:
+    """A process's proportional and unique set sizes now, in MB (Linux)."""
     kb: dict[str, int] = {}
     try:
-        with open("/proc/self/smaps_rollup") as f:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
                 key, _, rest = line.partition(":")
                 if rest.strip().endswith("kB"):
@@ -236,17 +281,26 @@ def main(repeats: int = 5, threads: list[int] | None = None, as_json: bool = Fal
                                              / p["short"]["first_audio_ms"], 3),
             "first_audio_long_ratio": round(h["long"]["first_audio_ms"]
                                             / p["long"]["first_audio_ms"], 3),
+            "total_short_ratio": round(h["short"]["total_ms"] / p["short"]["total_ms"], 3),
+            "total_long_ratio": round(h["long"]["total_ms"] / p["long"]["total_ms"], 3),
             "rtf_ratio": round(rtf_h / rtf_p, 3),
+            "cpu_short_ratio": round(h["short"]["cpu_per_audio_s"]
+                                     / p["short"]["cpu_per_audio_s"], 3),
+            "cpu_long_ratio": round(h["long"]["cpu_per_audio_s"]
+                                    / p["long"]["cpu_per_audio_s"], 3),
             "peak_rss_mb": round(h["peak_rss_mb"], 1),
             "peak_rss_mb_piper": round(p["peak_rss_mb"], 1),
         }
     summary = {k: max(r[k] for r in results.values())
-               for k in ("first_audio_short_ratio", "first_audio_long_ratio", "rtf_ratio",
-                         "peak_rss_mb")}
-    report = {**summary, "repeats": repeats, "keep_warm": keep_warm, "by_threads": results}
+               for k in ("first_audio_short_ratio", "first_audio_long_ratio",
+                         "total_short_ratio", "total_long_ratio", "rtf_ratio",
+                         "cpu_short_ratio", "cpu_long_ratio", "peak_rss_mb")}
+    report = {**summary, "repeats": repeats, "keep_warm": keep_warm, "machine": describe(),
+              "by_threads": results}
     if as_json:
         print(json.dumps(report, indent=2))
         return 0
+    print(describe())
     print(f"{'threads':>7} {'figure':<28} {'herald':>10} {'piper-tts':>10} {'ratio':>7}")
     for key, r in results.items():
         label = key.split("_")[1]
@@ -255,7 +309,13 @@ def main(repeats: int = 5, threads: list[int] | None = None, as_json: bool = Fal
                  p["short"]["first_audio_ms"]),
                 ("first audio, long (ms)", h["long"]["first_audio_ms"],
                  p["long"]["first_audio_ms"]),
+                ("all of it, short (ms)", h["short"]["total_ms"], p["short"]["total_ms"]),
+                ("all of it, long (ms)", h["long"]["total_ms"], p["long"]["total_ms"]),
                 ("real-time factor, long", r["rtf_herald"], r["rtf_piper"]),
+                ("CPU s per s of speech, short", h["short"]["cpu_per_audio_s"],
+                 p["short"]["cpu_per_audio_s"]),
+                ("CPU s per s of speech, long", h["long"]["cpu_per_audio_s"],
+                 p["long"]["cpu_per_audio_s"]),
                 ("peak RSS (MB)", h["peak_rss_mb"], p["peak_rss_mb"]),
                 ("PSS after (MB)", h["pss_mb"], p["pss_mb"]),
                 ("USS after (MB)", h["uss_mb"], p["uss_mb"])]

@@ -96,9 +96,9 @@ def run(repeats: int, threads: int) -> dict[str, Any]:
         listener = Listener(port, "herald/bench")
         listener.wait(lambda: listener.online)
 
-        from tts import SynthesisOptions, VoiceCatalog, set_threads
+        from tts import SynthesisOptions, VoiceCatalog, prepare_process
 
-        set_threads(threads)
+        prepare_process()
         synth = VoiceCatalog().synthesizer()
 
         def engine_first(text: str) -> float:

@@ -141,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
                      "mqtt.base_topic as the daemon's do")
     voice_dir(say)
     say.add_argument("--threads", type=threads, metavar="N",
-                     help="torch threads, 1-64 (default: 2 where there are two cores or "
+                     help="cores to synthesize on, 1-64 (default: as many as there are, up to 4; "
                      "more, else 1)")
 
     voices = sub.add_parser(
@@ -186,7 +186,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=_at_least_one, default=5,
                        help="repetitions per figure (default 5)")
     bench.add_argument("--threads", type=threads, nargs="+", default=[1, 2], metavar="N",
-                       help="thread counts to measure at, 1-64 (default: 1 2)")
+                       help="core counts to measure at, 1-64 (default: 1 2): onnxruntime's "
+                       "threads for piper-tts, herald's own thread and helper processes")
     bench.add_argument("--keep-warm", choices=KEEP_WARM_MODES, default="auto",
                        help="herald's voices.keep_warm, as in the daemon (default auto: keep "
                        "the voice's weights warm between requests where idle memory goes "
@@ -278,17 +279,27 @@ def _cmd_say(args: argparse.Namespace) -> int:
             return 2
         return publish_say(args.mqtt, settings, args.device_id, text, args.voice,
                            text_format="ssml" if args.ssml else "text", fields=fields)
-    from tts import set_threads
+    from tts import default_threads, prepare_process
     from tts.compose import Composer
 
-    set_threads(args.threads)
+    from .helpers import HelperPool
+
+    prepare_process()
     # The composer, as the daemon speaks: sentences, bracket tags or SSML, other languages
     # by their own voice or espeak-ng. It checks the voice and the SSML before any synthesis.
-    composer = Composer(_catalog(args))
+    catalog = _catalog(args)
+    composer = Composer(catalog)
     opts = SynthesisOptions(length_scale=args.length_scale, noise_scale=args.noise_scale,
                             noise_w=args.noise_w, speaker=args.speaker,
                             gain=1.0 if args.gain is None else args.gain)
-    chunks = composer.stream(text, "ssml" if args.ssml else "text", opts, args.voice)
+    helpers = None
+    lanes = args.threads or default_threads()
+    label = composer.known_voice(args.voice) if args.voice else catalog.default
+    if lanes > 1 and label is not None and label in {i.name for i in catalog.infos()}:
+        catalog.synthesizer(label)  # loaded before the helpers fork: they share its weights
+        helpers = HelperPool(catalog, lanes - 1)
+    chunks = composer.stream(text, "ssml" if args.ssml else "text", opts, args.voice,
+                             helpers=helpers)
     fmt = AudioFormat(chunks.sample_rate)
     if args.out:
         return _write_wav(args.out, chunks, fmt)

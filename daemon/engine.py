@@ -25,15 +25,15 @@ from tts import (
     SynthesisOptions,
     VoiceCatalog,
     default_threads,
-    set_threads,
+    prepare_process,
 )
 from tts.compose import Composer, Planner, Step
-from tts.cpu import usable_threads
 from tts.memory import KeepWarm, RestingLevel
 from tts.text import TextFormat
-from tts.threads import cores
+from tts.threads import cores, prepare_thread
 from tts.warm import Warmer
 
+from .helpers import HelperPool
 from .synthesis import pick_voice
 from .workers import Render, Workers
 
@@ -47,8 +47,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EngineSettings:
-    threads: int | None = None  # torch intra-op threads; None: tts.default_threads()
-    workers: int | None = None  # renders computed at the same time; None: as the cores allow
+    threads: int | None = None  # cores one synthesis uses; None: tts.default_threads()
+    workers: int | None = None  # renders computed at the same time in this process; None: 1
     queue_chunks: int = 8  # chunks buffered ahead of a slow consumer
     keep_warm: KeepWarm = "auto"  # see Engine.keep_warm
     warm_interval: float = 0.1  # seconds between two reads of the idle voices' memory
@@ -62,10 +62,11 @@ class Engine:
         # speaks through the composer, so they all understand the same text.
         self.composer = Composer(catalog)
         self.threads, self.workers = cpu_plan(settings.threads, settings.workers)
-        log.info("synthesis: %d worker(s) at %d torch thread(s) each, on %d core(s)",
+        log.info("synthesis: %d worker(s), each synthesis on up to %d core(s), of %d",
                  self.workers, self.threads, cores())
-        set_threads(self.threads)
-        self._workers = Workers(self.workers)
+        prepare_process()
+        self._workers = Workers(self.workers, setup=prepare_thread)
+        self._helpers: HelperPool | None = None
         self._active = 0  # renders in progress (changed on the loop, read by the warmer)
         self._renders = 0  # renders started, ever
         self.resting = RestingLevel()
@@ -124,6 +125,17 @@ class Engine:
         """Load a voice's weights off the loop (start-up, before READY)."""
         await asyncio.wrap_future(self._workers.call(self.catalog.synthesizer, voice))
 
+    def start_helpers(self) -> None:
+        """Start the helper processes (``daemon.helpers``) a synthesis uses besides its own
+        lane. Once, after the voices are loaded (the helpers share them) and before any
+        synthesis or thread other than the idle workers runs (they are forked)."""
+        if self._helpers is None and self.threads > 1:
+            self._helpers = HelperPool(self.catalog, self.threads - 1)
+
+    @property
+    def helper_pids(self) -> list[int]:
+        return [] if self._helpers is None else self._helpers.pids
+
     def planner(self, voice: str | None, options: SynthesisOptions,
                 text_format: TextFormat = "text") -> Planner:
         """The text side of one request, whole or arriving in pieces: sentences, markup,
@@ -164,7 +176,9 @@ class Engine:
         """The steps' chunks, computed on the workers (``daemon.workers``); closing this
         generator stops the computation after the chunk being made."""
         rate = self.composer.sample_rate(voice)
-        render = Render(lambda demand: self.composer.render(steps, options, voice, demand),
+        helpers = self._helpers
+        render = Render(lambda demand: self.composer.render(steps, options, voice, demand,
+                                                            helpers),
                         self._workers,
                         self.settings.queue_chunks, lambda c: len(c.samples) / rate)
         self._active += 1
@@ -222,30 +236,19 @@ class Engine:
         self._warmer.stop()
         if self._rest_timer is not None:
             self._rest_timer.cancel()
-        return self._workers.close(join)
+        ended = self._workers.close(join)
+        if self._helpers is not None:
+            self._helpers.close()
+        return ended
 
 
 def cpu_plan(threads: int | None, workers: int | None) -> tuple[int, int]:
-    """Torch threads per synthesis and workers: as configured, or what suits the cores.
+    """Cores one synthesis uses, and the syntheses computed at the same time in this
+    process: as configured, or ``tts.default_threads()`` and one.
 
-    Unset, a synthesis takes ``tts.default_threads()`` (2 where there are two cores or more:
-    a lone request, the usual case at home, is ~1.5x faster than at 1 on free cores and
-    faster still beside busy processes, ``tts.threads``) and there are as many workers as
-    the cores hold at that. Set, the workers are cut if their torch threads
-    would outnumber the cores: each worker running torch at two or more threads keeps its
-    own OpenMP team, and with more OpenMP threads than cores libgomp stops letting idle
-    team threads spin, so every operation of every synthesis got 1.5-2x slower
-    (bench/README.md). Fewer workers only means concurrent requests take turns on them,
-    chunk by chunk.
+    A synthesis computes on one thread and uses more cores through helper processes
+    (``daemon.helpers``): ``threads - 1`` of them, shared by every synthesis. More than one
+    worker only helps where requests often come together; the workers are threads of this
+    process and take turns on the interpreter's lock for their many small operations.
     """
-    n = cores()
-    threads = usable_threads(threads or default_threads())
-    fit = max(1, n // threads)
-    if workers is None:
-        return threads, fit
-    if threads > 1 and workers > fit:
-        log.warning("voices.workers = %d at voices.threads = %d would run %d torch threads on "
-                    "%d cores; using %d worker(s). Lower voices.threads to run more "
-                    "syntheses side by side.", workers, threads, workers * threads, n, fit)
-        return threads, fit
-    return threads, workers
+    return max(1, threads or default_threads()), max(1, workers or 1)

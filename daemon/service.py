@@ -360,6 +360,7 @@ class Service:
         await engine.preload(default)
         if voice != default:
             await engine.preload(voice)
+        engine.start_helpers()  # forked now: they share the loaded voices
         engine.keep_warm()
 
     async def _start_mqtt(self) -> None:

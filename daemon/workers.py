@@ -62,7 +62,10 @@ class _Queued:
 class Workers:
     """``n`` threads taking turns over jobs, one step at a time."""
 
-    def __init__(self, n: int, name: str = "herald-synth") -> None:
+    def __init__(self, n: int, name: str = "herald-synth",
+                 setup: Callable[[], object] | None = None) -> None:
+        """``setup`` runs first on each worker thread (torch's settings are per thread)."""
+        self._setup = setup
         self._lock = threading.Lock()
         self._waiting: list[_Queued] = []  # jobs no worker has taken yet
         self._closed = False
@@ -222,6 +225,8 @@ class _Worker:
 
     def _run(self) -> None:
         _current.worker = self
+        if self.pool._setup is not None:
+            self.pool._setup()
         job: _Queued | None = None
         while True:
             if job is None:

@@ -143,9 +143,9 @@ def alsa_file(tmp_path: Path) -> AlsaFile:
 
 @pytest.fixture(scope="session")
 def catalog():  # type: ignore[no-untyped-def]
-    from tts import VoiceCatalog, set_threads
+    from tts import VoiceCatalog, prepare_process
 
-    set_threads(1)
+    prepare_process()
     return VoiceCatalog()
 
 

@@ -4,6 +4,9 @@ with sampling noise on (same seed)."""
 from __future__ import annotations
 
 import math
+import queue
+import threading
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -13,33 +16,209 @@ from sentences import LONG_SENTENCE
 from synthetic_voice import VARIANTS, random_model
 
 from tts import SynthesisOptions
-from tts.stream import FlowPace, decode_windows
+from tts.lanes import Prior, decode_sentences
+from tts.pace import Pace
+from tts.pieces import HelperFailed, Helping, PieceJob
+from tts.stream import MIN_PIECE, decode_windows
+from tts.vits import Vits
 
 
-def stopped_clock() -> float:
-    """Time that never moves: all audio handed out stays buffered, so a ``FlowPace`` lets
-    the flow run as far ahead as its cap allows."""
-    return 0.0
+class Done:
+    """A piece a helper has decoded already."""
+
+    def __init__(self, audio: list[tuple[np.ndarray, bool]]) -> None:
+        self.audio = audio
+
+    def claim(self) -> bool:
+        return False
+
+    def queued(self) -> bool:
+        return False
+
+    def take(self, wait: bool) -> list[tuple[np.ndarray, bool]]:
+        got, self.audio = self.audio, []
+        return got
+
+    def cancel(self) -> None:
+        pass
+
+
+class Inline:
+    """Helpers that decode every piece the moment it is handed to them."""
+
+    def __init__(self, lanes: int) -> None:
+        self.lanes = lanes
+        self.offered = 0
+
+    def decode(self, model: Vits, job: PieceJob) -> Helping:
+        self.offered += 1
+        return Done(list(job.decode(model, 32)))
+
+
+class NotBegun(Done):
+    def claim(self) -> bool:
+        return True
+
+    def queued(self) -> bool:
+        return True
+
+
+class Never(Inline):
+    """Helpers that never begin what they are handed: the playing lane does it all."""
+
+    def decode(self, model: Vits, job: PieceJob) -> Helping:
+        self.offered += 1
+        return NotBegun([])
+
+
+class Queued:
+    """A piece waiting for, or on, the helper thread."""
+
+    def __init__(self, model: Vits, job: PieceJob) -> None:
+        self.model, self.job = model, job
+        self.lock = threading.Condition()
+        self.begun = self.claimed = False
+        self.audio: list[tuple[np.ndarray, bool]] = []
+
+    def claim(self) -> bool:
+        with self.lock:
+            self.claimed = not self.begun
+            return self.claimed
+
+    def queued(self) -> bool:
+        return not self.begun
+
+    def take(self, wait: bool) -> list[tuple[np.ndarray, bool]]:
+        with self.lock:
+            while wait and not self.audio:
+                self.lock.wait()
+            got, self.audio = self.audio, []
+            return got
+
+    def cancel(self) -> None:
+        with self.lock:
+            self.claimed = True
+
+    def run(self) -> None:
+        with self.lock:
+            if self.claimed:
+                return
+            self.begun = True
+        for item in self.job.decode(self.model, 32):
+            with self.lock:
+                self.audio.append(item)
+                self.lock.notify_all()
+
+
+class Threaded(Inline):
+    """A real helper thread, decoding the pieces handed to it in turn."""
+
+    def __init__(self, lanes: int) -> None:
+        super().__init__(lanes)
+        self.jobs: queue.Queue[Queued | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def decode(self, model: Vits, job: PieceJob) -> Helping:
+        self.offered += 1
+        queued = Queued(model, job)
+        self.jobs.put(queued)
+        return queued
+
+    def _run(self) -> None:
+        torch.set_num_threads(1)
+        while (job := self.jobs.get()) is not None:
+            job.run()
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.thread.join()
+
+
+HELPERS = {"none": lambda: None, "never": lambda: Never(2), "inline": lambda: Inline(3),
+           "threaded": lambda: Threaded(2)}
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("frames", [5, 37, 300])
-@pytest.mark.parametrize("ahead", [0, 50])
-def test_windows_equal_one_shot(variant: str, frames: int, ahead: int) -> None:
+@pytest.mark.parametrize("helping", sorted(HELPERS))
+def test_windows_equal_one_shot(variant: str, frames: int, helping: str) -> None:
+    """Whoever decodes the pieces (nobody but the playing lane, helpers that never come,
+    helpers that do it all at once, a helper thread beside it), the chunks join into the
+    one-shot audio."""
     model = random_model(VARIANTS[variant])
     torch.manual_seed(1)
     z_p = torch.randn(1, model.config.inter_channels, frames)
     g = model.speaker_embedding(2)
     with torch.inference_mode():
         whole = model.decode(z_p, g)[0, 0].numpy()
-    pace = FlowPace(16000, cap=ahead, clock=stopped_clock) if ahead else None
-    chunks = [c for c, _ in decode_windows(model, z_p, g, pace=pace)]
+    helpers = HELPERS[helping]()
+    chunks = [c for c, _ in decode_windows(model, z_p, g, helpers=helpers)]
+    if isinstance(helpers, Threaded):
+        helpers.close()
     streamed = np.concatenate(chunks)
     assert len(streamed) == len(whole) == frames * model.config.hop_length
     assert np.abs(streamed - np.clip(whole, -1, 1)).max() < 1e-4
     assert np.abs(whole).max() > 1e-3  # the comparison is not between two silences
     if frames >= 37:
         assert len(chunks) > 1
+    if helpers is not None and frames == 300:
+        assert helpers.offered == helpers.lanes - 1  # the rest was cut, one piece a helper
+
+
+def test_a_piece_cut_anywhere_joins_exactly() -> None:
+    """The pieces' own rule, at cuts near the sentence's start (less context before it than
+    the receptive fields), in the middle and near its end."""
+    model = random_model(VARIANTS["medium"])
+    torch.manual_seed(2)
+    z_p = torch.randn(1, model.config.inter_channels, 120)
+    with torch.inference_mode():
+        whole = np.clip(model.decode(z_p, None)[0, 0].numpy(), -1, 1)
+    hop = model.config.hop_length
+    from tts.pieces import Latents, Piece
+
+    for cut in (1, 20, 60, 119):
+        latents = Latents([z_p])
+        a = Piece(model, latents, None, 1.0, 0, cut)
+        b = Piece(model, latents, None, 1.0, cut)
+        for piece in (b, a):  # the later piece first: they do not depend on each other
+            while not piece.finished:
+                piece.step(piece.reached + 16)
+        left, right = np.concatenate(list(a.take())), np.concatenate(list(b.take()))
+        assert len(left) == cut * hop and len(right) == (120 - cut) * hop
+        assert np.abs(np.concatenate([left, right]) - whole).max() < 1e-4, cut
+
+
+def test_the_rest_is_cut_into_pieces_no_shorter_than_the_minimum() -> None:
+    """A sentence whose prior is whole from the start (a short one's) is shared out among
+    the lanes at once, as long as each piece keeps ``MIN_PIECE`` frames; one too short for
+    two is the playing lane's."""
+    model = random_model(VARIANTS["medium"])
+    for frames, lanes, pieces in ((300, 2, 2), (300, 4, 4), (2 * MIN_PIECE, 2, 2),
+                                  (2 * MIN_PIECE - 1, 2, 1), (300, 1, 1)):
+        helpers = Never(lanes)
+        list(decode_windows(model, torch.randn(1, 192, frames), None, helpers=helpers))
+        assert helpers.offered == pieces - 1, (frames, lanes)
+
+
+def test_a_long_sentence_is_shared_after_its_first_window() -> None:
+    """A prior in parts (a long sentence's head first): the first window is decoded from
+    the head alone, and what is left after it is shared out."""
+    model = random_model(VARIANTS["medium"])
+    z = torch.randn(1, 192, 300)
+    helpers = Never(2)
+    pulled: list[int] = []
+
+    def parts() -> Iterator[torch.Tensor]:
+        for part in (z[..., :60], z[..., 60:]):
+            pulled.append(part.shape[-1])
+            yield part
+
+    chunks = decode_windows(model, parts(), None, helpers=helpers)
+    next(chunks)
+    assert pulled == [60] and helpers.offered == 0
+    list(chunks)
+    assert pulled == [60, 240] and helpers.offered == 1
 
 
 class StepClock:
@@ -52,44 +231,40 @@ class StepClock:
         return self.now
 
 
-def test_flow_runs_ahead_only_as_far_as_the_buffered_audio_pays_for() -> None:
+def test_a_window_grows_to_what_the_buffered_audio_pays_for() -> None:
+    """10 ms of audio a frame; the last window cost 1 ms a frame; 50 ms kept in hand."""
     clock = StepClock()
-    pace = FlowPace(1000, cap=400, clock=clock)
-    assert pace.ahead() == 0  # before the first audio: nothing buffered, nothing ahead
-    pace.flow_ran(frames=50, seconds=0.05)  # 1 ms a frame
-    assert pace.ahead() == 0
-    pace.out(200)  # 0.2 s of audio handed out at t = 0
-    assert pace.ahead() == 100  # half of the 0.2 s buffered, at 1 ms a frame
-    clock.now = 0.15
-    assert pace.ahead() == 25  # 0.05 s still buffered
-    clock.now = 0.3
-    assert pace.ahead() == 0  # playback would have caught up: no running ahead
-    pace.out(2000)
-    assert pace.ahead() == 400  # capped
-    pace.flow_ran(frames=10, seconds=1.0)  # the machine got slow
-    assert pace.ahead() == 9
+    pace = Pace(0.01, clock=clock, margin=0.05)
+    assert pace.size(planned=8, largest=500, asked=None) == 8  # nothing out yet: the plan
+    pace.ran(frames=8, seconds=0.008)
+    pace.out(8 * 160, sample_rate=16000)  # 0.08 s handed out at t = 0
+    assert pace.size(16, 500, None) == 30  # (0.08 - 0.05) / 0.001
+    clock.now = 0.05
+    assert pace.size(16, 500, None) == 16  # less is buffered: never under the plan
+    pace.out(100 * 160, 16000)  # 1.08 s out, 1.03 s of it still to play
+    assert pace.size(16, 500, None) == 500  # capped at the largest
+    assert pace.size(16, 500, asked=40) == 40  # others wait: what they ask, no more
+    pace.ran(frames=10, seconds=1.0)  # the machine got slow: 0.1 s a frame
+    assert pace.size(16, 500, None) == 16 and pace.affordable() == 9
 
 
-def test_a_paced_stream_pushes_the_flow_fewer_times(synth) -> None:  # type: ignore[no-untyped-def]
-    """The real voice, a stopped clock: the flow runs ahead and the audio is the same."""
+def test_a_paced_stream_makes_fewer_windows_and_the_same_audio(synth) -> None:  # type: ignore[no-untyped-def]
+    """The real voice, a clock that never moves (all audio handed out stays buffered, and
+    each window costs nothing): windows grow to the largest at once, the audio is the
+    same."""
     opts = SynthesisOptions(seed=5).with_defaults(synth.voice)
     z_p, g = synth.prior(synth.sentences(LONG_SENTENCE)[0], opts)
-    pushes: list[int] = []
-
-    class Counting(FlowPace):
-        def flow_ran(self, frames: int, seconds: float) -> None:
-            pushes.append(frames)
-            super().flow_ran(frames, seconds)
-
-    plain = np.concatenate([c for c, _ in decode_windows(synth.model, z_p, g,
-                                                         pace=Counting(22050, cap=0))])
-    windows = len(pushes)
-    pushes.clear()
-    ahead = np.concatenate([c for c, _ in decode_windows(
-        synth.model, z_p, g, pace=Counting(22050, cap=400, clock=stopped_clock))])
-    assert sum(pushes) == z_p.shape[2]
-    assert len(pushes) < windows / 2, (pushes, windows)
-    assert np.abs(ahead - plain).max() < 1e-4
+    plain = [c for c, _ in decode_windows(synth.model, z_p, g, largest=256)]
+    paced = [c for c, _ in decode_windows(synth.model, z_p, g, largest=256,
+                                          pace=Pace(256 / 22050, clock=lambda: 0.0))]
+    frames = z_p.shape[-1]
+    ends = np.round(np.cumsum([len(c) for c in paced]) / 256).astype(int).tolist()
+    # (a chunk's samples need not end on a frame boundary: within one frame of it)
+    assert abs(ends[0] - 8) <= 1 and abs(ends[1] - (8 + 256)) <= 1 and ends[-1] == frames
+    assert np.diff(ends).max() <= 256 + 8  # the largest, or it with a tail folded in
+    plain_ends = np.round(np.cumsum([len(c) for c in plain]) / 256).astype(int).tolist()
+    assert np.abs(np.array(plain_ends[:5]) - [8, 24, 56, 120, 248]).max() <= 1
+    assert np.abs(np.concatenate(paced) - np.concatenate(plain)).max() < 1e-4
 
 
 @pytest.mark.parametrize("variant", ["medium", "multi_speaker", "plain_dp"])
@@ -226,39 +401,73 @@ def test_options_take_zero_noise_and_unset_values() -> None:
     assert (opts.noise_scale, opts.noise_w, opts.length_scale) == (0.0, 0.0, None)
 
 
-class CountingPace(FlowPace):
-    """A ``FlowPace`` that notes how many frames each flow push took."""
-
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.pushes: list[int] = []
-
-    def flow_ran(self, frames: int, seconds: float) -> None:
-        self.pushes.append(frames)
-        super().flow_ran(frames, seconds)
-
-
 def test_windows_are_as_long_as_the_demand_asks_and_still_join_exactly() -> None:
     """A demand asks for 40 frames at the first window and the third, nothing otherwise:
-    those windows hold 40 frames, the others follow the doubling plan from there, the flow
-    never runs ahead while a demand is made (though the pace would let it), and the chunks
-    join into the one-shot audio."""
+    those windows hold 40 frames, the others follow the doubling plan from there, and the
+    chunks join into the one-shot audio. While a demand is made, a window is never larger
+    than the plan or the demand, whatever the buffered audio would pay for."""
     model = random_model(VARIANTS[sorted(VARIANTS)[0]])
     hop = model.config.hop_length
     torch.manual_seed(3)
     z_p = torch.randn(1, model.config.inter_channels, 300)
     with torch.inference_mode():
         whole = model.decode(z_p, None)[0, 0].numpy()
-    asks = iter([40, 0, 40])
-    pace = CountingPace(16000, cap=50, clock=stopped_clock)
-    chunks = [c for c, _ in decode_windows(model, z_p, None, pace=pace,
+    asks = iter([40, 0, 40, 0, 0])
+    generous = Pace(256 / 16000, clock=lambda: 0.0)  # would pay for any window
+    chunks = [c for c, _ in decode_windows(model, z_p, None, pace=generous,
                                            wanted=lambda: next(asks, 0))]
     # 40, then doubling (80), asked 40 but planned 160 -> the largest, 96; the rest
     assert [round(len(c) / hop) for c in chunks] == [40, 80, 96, 84]
-    # The flow: the first window and its look-ahead, then each window, then the rest.
-    ahead = model.dec.receptive_field + model.flow.receptive_field
-    assert pace.pushes == [40 + ahead, 80, 96, 300 - 216 - ahead]
     assert np.abs(np.concatenate(chunks) - np.clip(whole, -1, 1)).max() < 1e-4
-    unasked = CountingPace(16000, cap=50, clock=stopped_clock)
-    list(decode_windows(model, z_p, None, pace=unasked))
-    assert unasked.pushes[1] > 16  # without a demand the flow runs ahead of the 2nd window
+
+
+class FailsAfterOne(Done):
+    """A helper that sends the first window of its piece, then dies."""
+
+    def __init__(self, audio: list[tuple[np.ndarray, bool]]) -> None:
+        super().__init__(audio[:1])
+
+    def take(self, wait: bool) -> list[tuple[np.ndarray, bool]]:
+        if not self.audio:
+            raise HelperFailed("the helper died")
+        return super().take(wait)
+
+
+class DiesMidway(Inline):
+    def decode(self, model: Vits, job: PieceJob) -> Helping:
+        self.offered += 1
+        return FailsAfterOne(list(job.decode(model, 32)))
+
+
+@pytest.mark.parametrize("helping", ["inline", "never", "threaded", "dies midway"])
+def test_sentences_shared_with_helpers_are_each_the_one_shot_audio(helping: str) -> None:
+    """Four sentences of different lengths, their priors taken in order as they are needed:
+    whether the helpers decode the later sentences and pieces, never begin them, or die
+    after sending part of one, every sentence's chunks join into its one-shot audio, in
+    order, and the last chunk of each says so."""
+    model = random_model(VARIANTS["medium"])
+    torch.manual_seed(5)
+    priors = [torch.randn(1, model.config.inter_channels, n) for n in (300, 30, 160, 90)]
+    with torch.inference_mode():
+        wholes = [np.clip(model.decode(z, None)[0, 0].numpy(), -1, 1) for z in priors]
+    helpers = {"inline": Inline(2), "never": Never(3), "threaded": Threaded(2),
+               "dies midway": DiesMidway(2)}[helping]
+    taken: list[int] = []
+
+    def lazily() -> Iterator[Prior]:
+        for k, z in enumerate(priors):
+            taken.append(k)
+            yield z, None
+
+    chunks = list(decode_sentences(model, lazily(), helpers=helpers))
+    if isinstance(helpers, Threaded):
+        helpers.close()
+    assert taken == [0, 1, 2, 3]
+    for k, whole in enumerate(wholes):
+        mine = [(c, last) for c, s, last in chunks if s == k]
+        assert [last for _, last in mine].count(True) == 1 and mine[-1][1]
+        audio = np.concatenate([c for c, _ in mine])
+        assert len(audio) == len(whole)
+        assert np.abs(audio - whole).max() < 1e-4, k
+    assert [s for _, s, _ in chunks] == sorted(s for _, s, _ in chunks)  # in order
+    assert helpers.offered >= 3  # a piece of the first sentence, and later sentences

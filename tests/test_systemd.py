@@ -503,9 +503,9 @@ def sandbox_main(spec_path: str) -> None:
     # The real work: load the voice, synthesize, play through PortAudio into ALSA.
     from daemon.metrics import Metrics
     from daemon.sinks.speaker import SpeakerSettings, SpeakerSink
-    from tts import AudioFormat, SynthesisOptions, VoiceCatalog, set_threads, to_pcm16
+    from tts import AudioFormat, SynthesisOptions, VoiceCatalog, prepare_process, to_pcm16
 
-    set_threads(2)
+    prepare_process()
     synth = VoiceCatalog().synthesizer()
     pcm = b"".join(to_pcm16(c.samples) for c in synth.stream("Hello from the sandbox.",
                                                             SynthesisOptions(seed=1)))

@@ -5,8 +5,6 @@ when closed and stay on one thread when alone. Plain generators stand in for syn
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -280,23 +278,15 @@ def test_close_ends_the_threads(workers) -> None:
     assert not any(t.is_alive() for t in threads)
 
 
-def test_the_engine_runs_no_more_torch_threads_than_cores(caplog) -> None:
-    """Two OpenMP teams on two cores made every operation 1.5-2x slower: workers set too
-    many for their threads are cut to fit, and the log says so; unset, both follow the
-    cores; at one thread each, workers are left as asked."""
+def test_one_worker_and_the_cores_for_each_synthesis_unless_set() -> None:
+    """Unset, a synthesis uses the cores up to four (its own lane and helper processes) and
+    one worker renders at a time; set, both are as asked."""
     from daemon.engine import cpu_plan
+    from tts import default_threads
 
-    n = len(os.sched_getaffinity(0))
-    two = min(2, n)
-    with caplog.at_level(logging.WARNING, logger="daemon.engine"):
-        assert cpu_plan(1, 4) == (1, 4)
-        assert cpu_plan(n, 1) == (n, 1)
-        assert cpu_plan(None, None) == (two, max(1, n // two))
-        assert cpu_plan(1, None) == (1, n)
-        assert not caplog.records
-        assert cpu_plan(n, 2) == (n, 1)
-    assert f"voices.workers = 2 at voices.threads = {n}" in caplog.text
-    assert "using 1 worker(s)" in caplog.text
+    assert cpu_plan(None, None) == (default_threads(), 1)
+    assert cpu_plan(1, 4) == (1, 4)
+    assert cpu_plan(3, None) == (3, 1)
 
 
 async def test_streams_starting_together_get_windows_that_last_through_the_others(

@@ -28,13 +28,13 @@ if TYPE_CHECKING:
     from .errors import UnknownVoice, VoiceError
     from .options import DEFAULT_VOICE, SynthesisOptions
     from .stream import AudioChunk, Synthesizer
-    from .threads import default_threads, set_threads
+    from .threads import default_threads, prepare_process
     from .voice import Voice, VoiceInfo
 
 __all__ = [
     "DEFAULT_VOICE", "AudioChunk", "AudioFormat", "SynthesisOptions", "Synthesizer",
     "UnknownVoice", "Voice", "VoiceCatalog", "VoiceError", "VoiceInfo", "default_threads",
-    "set_threads", "to_pcm16", "wav_bytes",
+    "prepare_process", "to_pcm16", "wav_bytes",
 ]
 
 # Where each exported name lives.
@@ -44,7 +44,7 @@ _HOMES = {
     "UnknownVoice": "errors", "VoiceError": "errors",
     "SynthesisOptions": "options",
     "AudioChunk": "stream", "Synthesizer": "stream",
-    "default_threads": "threads", "set_threads": "threads",
+    "default_threads": "threads", "prepare_process": "threads",
     "Voice": "voice", "VoiceInfo": "voice",
 }
 

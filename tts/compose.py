@@ -35,6 +35,7 @@ from .catalog import VoiceCatalog
 from .errors import UnknownVoice
 from .fallback import LABEL_PREFIX, EspeakFallback, FallbackError
 from .options import Demand, SynthesisOptions
+from .pieces import Helpers
 from .resample import Resampler
 from .stream import AudioChunk
 from .text.languages import CJK_LANGUAGES, base_language, for_voice, language_runs
@@ -159,12 +160,13 @@ class Composer:
         return Planner(self, fmt, voice, sentence_pause, paragraph_pause, markup_errors)
 
     def render(self, steps: Iterable[Step], options: SynthesisOptions = SynthesisOptions(),
-               voice: str | None = None, demand: Demand | None = None
-               ) -> Iterator[ComposedChunk]:
+               voice: str | None = None, demand: Demand | None = None,
+               helpers: Helpers | None = None) -> Iterator[ComposedChunk]:
         """Audio of the steps, chunk by chunk, at the request voice's rate. ``options`` are
         the request's: its length scale sets the pace of every voice (relative to each
         voice's own default), its speaker applies to the request voice only. ``demand``
-        sizes the neural voices' windows beside other syntheses (``tts.stream.Demand``)."""
+        sizes the neural voices' windows beside other syntheses (``tts.stream.Demand``);
+        ``helpers`` decode later pieces of their sentences meanwhile (``tts.pieces``)."""
         primary = self.voice_label(voice)
         rate = self.sample_rate(primary)
         speed = 1.0
@@ -182,12 +184,13 @@ class Composer:
                 yield from self._render_fallback(step, options, speed, rate)
             else:
                 yield from self._render_neural(step, options, speed, rate, generator,
-                                               step.voice == primary, demand)
+                                               step.voice == primary, demand, helpers)
 
     def stream(self, text: str, fmt: TextFormat = "text",
                options: SynthesisOptions = SynthesisOptions(), voice: str | None = None,
                sentence_pause: float | None = None, paragraph_pause: float | None = None,
-               markup_errors: MarkupErrors = "raise") -> Composition:
+               markup_errors: MarkupErrors = "raise", helpers: Helpers | None = None
+               ) -> Composition:
         """A whole text. Raises UnknownVoice (request voice) and MarkupError (malformed SSML,
         unless ``markup_errors="text"``) before any synthesis; the audio is made as the
         returned iterator is consumed. ``sentence_pause`` defaults to the options'
@@ -197,14 +200,15 @@ class Composer:
             options.paragraph_silence if paragraph_pause is None else paragraph_pause,
             markup_errors)
         steps = planner.feed(text) + planner.finish()
-        return Composition(steps, self.render(steps, options, planner.voice),
+        return Composition(steps, self.render(steps, options, planner.voice, None, helpers),
                            self.sample_rate(planner.voice), planner.voice, planner.warnings)
 
     # --- rendering one step ---------------------------------------------------------------
 
     def _render_neural(self, step: Say, options: SynthesisOptions, speed: float, rate: int,
                        generator: torch.Generator | None, is_primary: bool,
-                       demand: Demand | None = None) -> Iterator[ComposedChunk]:
+                       demand: Demand | None = None, helpers: Helpers | None = None
+                       ) -> Iterator[ComposedChunk]:
         synth = self.catalog.synthesizer(step.voice)
         config = synth.voice.config
         opts = replace(options, length_scale=config.length_scale / (speed * step.rate),
@@ -212,17 +216,17 @@ class Composer:
                        sentence_silence=0.0)
         resampler = Resampler(config.sample_rate, rate) if config.sample_rate != rate else None
         sentences = synth.sentences(step.text)
-        for k, ids in enumerate(sentences):
-            for samples, last in synth.stream_ids(ids, opts, generator, demand):
-                if step.gain != 1.0:
-                    samples = samples * np.float32(step.gain)
-                final = last and k == len(sentences) - 1
-                if resampler is not None:
-                    samples = resampler.process(samples)
-                    if final:
-                        samples = np.concatenate([samples, resampler.flush()])
-                yield ComposedChunk(samples, step.sentence, final and step.last_in_sentence,
-                                    step.voice, step.text)
+        for samples, k, last in synth.stream_sentences(sentences, opts, generator, demand,
+                                                       helpers):
+            if step.gain != 1.0:
+                samples = samples * np.float32(step.gain)
+            final = last and k == len(sentences) - 1
+            if resampler is not None:
+                samples = resampler.process(samples)
+                if final:
+                    samples = np.concatenate([samples, resampler.flush()])
+            yield ComposedChunk(samples, step.sentence, final and step.last_in_sentence,
+                                step.voice, step.text)
 
     def _render_fallback(self, step: Say, options: SynthesisOptions, speed: float, rate: int
                          ) -> Iterator[ComposedChunk]:

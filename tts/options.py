@@ -54,7 +54,8 @@ class SynthesisOptions:
 
 Demand = Callable[[], "float | None"]
 """Asked before each window of a streamed synthesis by whatever schedules it beside others
-(``tts.stream.decode_windows``): None while nothing else waits for the CPU (the planned
-windows, and the flow may run ahead), else the seconds of audio the window should hold at
-least (0: as planned), and nothing is computed ahead of what the audio needs: that would
-delay the others' turns unannounced."""
+(``tts.stream.decode_windows``): None while nothing else waits for the CPU (the windows then
+grow as the audio already out pays for, ``tts.pace``), else the seconds of audio the window
+should hold at least (0: as planned), and nothing larger than that or the plan: a larger
+window would delay the others' turns unannounced."""
+

@@ -44,9 +44,8 @@ class _Section(BaseModel):
 class VoicesSettings(_Section):
     directories: list[Path] = []  # extra directories holding NAME.onnx + NAME.onnx.json
     default: str | None = None  # None: the bundled en_US-joe-medium
-    # Unset: 2 threads where there are two cores or more, and as many workers as the cores
-    # hold at that (daemon.engine.cpu_plan).
-    threads: int | None = Field(None, ge=1, le=64)  # torch intra-op threads per synthesis
+    # Unset: the cores up to four, and one worker (daemon.engine.cpu_plan).
+    threads: int | None = Field(None, ge=1, le=64)  # cores one synthesis uses (helpers + 1)
     workers: int | None = Field(None, ge=1, le=32)  # syntheses computed at the same time
     # Keep the loaded voices' memory warm while idle, for VM hosts that let it go cold
     # (daemon.engine.Engine.keep_warm): "auto" measures at start-up, "on", "off".

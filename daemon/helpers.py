@@ -1,0 +1,344 @@
+"""Helper processes: the cores a synthesis uses besides its own lane.
+
+A sentence's audio is cut into pieces that decode at the same time and join exactly
+(``tts.pieces``). Decoded on threads of this process they would take turns on the
+interpreter's lock: a window is hundreds of small tensor operations, each taking the lock
+to be dispatched, and two threads doing that ran slower together than one alone
+(bench/README.md, "Where the time goes"). Intra-op threads avoid the lock but stop at a
+barrier after every operation, and collapse whenever another process wants a core. So the
+pieces a synthesis hands out go to helper *processes*: each computes one piece at a time on
+one thread and sends its audio back as it comes.
+
+The helpers are forked from herald once its voices are loaded, while no synthesis runs: they
+share the loaded weights (and torch's own memory) with it, page for page, until either side
+writes them, which neither does. A voice loaded later is loaded by each helper from its
+file when a piece of it first comes.
+
+A helper that dies (killed, out of memory) is noticed at once: the pieces it held fail over
+to the lane that plays them, which decodes them itself, and no piece is given to it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any, NoReturn
+
+import numpy as np
+
+from tts import VoiceCatalog
+from tts.pieces import HelperFailed, Helping, PieceJob
+from tts.vits import Vits
+
+log = logging.getLogger(__name__)
+
+WINDOW = 256  # frames a helper decodes at a time (its flow runs as far ahead)
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class _Job:
+    """A piece handed to a helper, as the lane that plays it sees it."""
+
+    pool: HelperPool
+    helper: _Helper
+    id: int
+    state: str = "queued"  # queued, begun, claimed, cancelled, done, failed
+    audio: deque[tuple[np.ndarray, bool]] = field(default_factory=deque)
+    error: str | None = None
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def claim(self) -> bool:
+        with self.changed:
+            if self.state == "failed":
+                return True  # nothing of it was taken yet: decoded by the caller
+            if self.state != "queued":
+                return False
+            self.state = "claimed"
+        self.helper.send(("cancel", self.id, None))
+        return True
+
+    def queued(self) -> bool:
+        return self.state == "queued"
+
+    def take(self, wait: bool) -> list[tuple[np.ndarray, bool]]:
+        with self.changed:
+            while wait and not self.audio and self.state == "begun":
+                self.changed.wait()
+            if not self.audio and self.state == "failed":
+                raise HelperFailed(self.error or "the helper process failed")
+            got = list(self.audio)
+            self.audio.clear()
+            return got
+
+    def cancel(self) -> None:
+        with self.changed:
+            if self.state not in ("queued", "begun"):
+                return
+            self.state = "cancelled"
+        self.helper.forget(self.id)
+        self.helper.send(("cancel", self.id, None))
+
+    def arrived(self, kind: str, payload: Any) -> None:
+        """A message from the helper about this job (on the helper's reader thread)."""
+        with self.changed:
+            if kind == "begun" and self.state == "queued":
+                self.state = "begun"
+            elif kind == "audio" and self.state == "begun":
+                self.audio.append(payload)
+                if payload[1]:
+                    self.state = "done"
+                    self.pool.decoded += 1
+            elif kind == "failed" and self.state in ("queued", "begun"):
+                self.state, self.error = "failed", payload
+            self.changed.notify_all()
+
+
+class _Helper:
+    """One helper process, seen from herald: its connection, what it has been given."""
+
+    def __init__(self, pid: int, conn: Connection) -> None:
+        self.pid = pid
+        self.conn = conn
+        self.alive = True
+        self.closing = False  # herald is ending it: its end is no news
+        self.voices: set[str] = set()
+        self.jobs: dict[int, _Job] = {}
+        self._send = threading.Lock()
+        self._reader = threading.Thread(target=self._read, name=f"herald-helper-{pid}",
+                                        daemon=True)
+
+    def start(self) -> None:
+        """Start reading its messages (a thread: once every helper is forked)."""
+        self._reader.start()
+
+    @property
+    def load(self) -> int:
+        return len(self.jobs)
+
+    def send(self, message: tuple[Any, ...]) -> bool:
+        with self._send:
+            if not self.alive:
+                return False
+            try:
+                self.conn.send(message)
+                return True
+            except OSError:
+                self.alive = False
+                return False
+
+    def forget(self, job_id: int) -> None:
+        self.jobs.pop(job_id, None)
+
+    def _read(self) -> None:
+        while True:
+            try:
+                kind, job_id, payload = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            job = self.jobs.get(job_id)
+            if job is not None:
+                job.arrived(kind, payload)
+                if kind in ("failed", "skipped") or (kind == "audio" and payload[1]):
+                    self.forget(job_id)
+        self.alive = False
+        for job in list(self.jobs.values()):
+            job.arrived("failed", f"helper process {self.pid} ended")
+        self.jobs.clear()
+        if not self.closing:
+            log.warning("helper process %d ended; the pieces it had are decoded by the lanes "
+                        "that play them, and syntheses use one core fewer", self.pid)
+
+
+class HelperPool:
+    """``processes`` helper processes; a synthesis cut into ``lanes`` pieces."""
+
+    def __init__(self, catalog: VoiceCatalog, processes: int) -> None:
+        self.catalog = catalog
+        self.decoded = 0  # pieces a helper decoded to the end and sent
+        self._helpers: list[_Helper] = []
+        self._lock = threading.Lock()
+        self._next_id = 0
+        for _ in range(processes):
+            helper = self._fork()
+            if helper is not None:
+                self._helpers.append(helper)
+        for helper in self._helpers:
+            helper.start()
+        if self._helpers:
+            log.info("synthesis: %d helper process(es) (pids %s)", len(self._helpers),
+                     ", ".join(str(h.pid) for h in self._helpers))
+
+    @property
+    def lanes(self) -> int:
+        return 1 + sum(1 for h in self._helpers if h.alive)
+
+    @property
+    def pids(self) -> list[int]:
+        return [h.pid for h in self._helpers if h.alive]
+
+    def decode(self, model: Vits, job: PieceJob) -> Helping:
+        voice = self._voice_of(model)
+        with self._lock:
+            alive = [h for h in self._helpers if h.alive]
+            self._next_id += 1
+            job_id = self._next_id
+        if voice is None or not alive:
+            return _Refused()
+        helper = min(alive, key=lambda h: h.load)
+        handle = _Job(self, helper, job_id)
+        helper.jobs[job_id] = handle
+        if voice not in helper.voices:
+            helper.voices.add(voice)
+            helper.send(("voice", 0, voice))
+        if not helper.send(("job", job_id, (voice, _plain(job)))):
+            helper.forget(job_id)
+            return _Refused()
+        return handle
+
+    def close(self) -> None:
+        """End the helpers (they end by themselves when herald does, too)."""
+        for h in self._helpers:
+            h.closing = True
+            h.send(("stop", 0, None))
+            with contextlib.suppress(OSError):
+                h.conn.close()
+        for h in self._helpers:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(h.pid, 0)
+        self._helpers.clear()
+
+    def _voice_of(self, model: Vits) -> str | None:
+        for synth in self.catalog.loaded():
+            if synth.model is model:
+                return synth.voice.name
+        return None
+
+    def _fork(self) -> _Helper | None:
+        ours, theirs = socket.socketpair()
+        try:
+            pid = os.fork()
+        except OSError as e:
+            log.warning("cannot start a helper process (%s): syntheses use one core each", e)
+            return None
+        if pid == 0:  # the helper
+            ours.close()
+            _helper_main(theirs, self.catalog)
+        theirs.close()
+        return _Helper(pid, Connection(ours.detach()))
+
+
+class _Refused:
+    """A piece no helper took: the playing lane decodes it."""
+
+    def claim(self) -> bool:
+        return True
+
+    def queued(self) -> bool:
+        return False
+
+    def take(self, wait: bool) -> list[tuple[np.ndarray, bool]]:
+        return []
+
+    def cancel(self) -> None:
+        pass
+
+
+def _plain(job: PieceJob) -> dict[str, Any]:
+    """The job as plain arrays (pickled by value: no shared memory for a few hundred KB)."""
+    return {"z": job.z.numpy(), "start": job.start, "end": job.end,
+            "g": None if job.g is None else job.g.numpy(), "gain": job.gain}
+
+
+def _helper_main(sock: socket.socket, catalog: VoiceCatalog) -> NoReturn:
+    """The helper process: pieces in, audio out, until herald closes the connection."""
+    code = 0
+    try:
+        _detach(sock.fileno())
+        _serve(Connection(sock.detach()), catalog)
+    except (EOFError, OSError):  # herald closed the connection or is gone
+        pass
+    except BaseException:  # nothing above this frame belongs to the helper: say why, end
+        code = 1
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _detach(keep: int) -> None:
+    """What a forked helper must not keep of herald: its other file descriptors (sockets
+    that would outlive herald), its signal handlers, and a life after herald's."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is herald's to handle
+    with contextlib.suppress(ValueError, OSError):
+        signal.set_wakeup_fd(-1)
+    os.closerange(3, keep)
+    os.closerange(keep + 1, _max_fd())
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    # herald's log handlers wrote to descriptors just closed: warnings go to stderr, which
+    # systemd's journal (or the terminal) takes as herald's own.
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(f"herald helper {os.getpid()}: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    if os.getppid() == 1:  # herald is already gone
+        os._exit(0)
+
+
+def _max_fd() -> int:
+    try:
+        return int(os.sysconf("SC_OPEN_MAX"))
+    except (ValueError, OSError):
+        return 4096
+
+
+def _serve(conn: Connection, catalog: VoiceCatalog) -> None:
+    import torch
+
+    from tts.threads import prepare_thread
+
+    prepare_thread()
+    pending: deque[tuple[int, tuple[str, dict[str, Any]]]] = deque()
+    cancelled: set[int] = set()
+    while True:
+        while not pending or conn.poll():
+            kind, job_id, payload = conn.recv()
+            if kind == "stop":
+                return
+            if kind == "voice":
+                catalog.synthesizer(payload)  # loaded here unless herald had it at the fork
+            elif kind == "job":
+                pending.append((job_id, payload))
+            elif kind == "cancel":
+                cancelled.add(job_id)
+        job_id, (voice, plain) = pending.popleft()
+        if job_id in cancelled:
+            cancelled.discard(job_id)
+            conn.send(("skipped", job_id, None))
+            continue
+        conn.send(("begun", job_id, None))
+        try:
+            model = catalog.synthesizer(voice).model
+            job = PieceJob(torch.from_numpy(plain["z"]), plain["start"], plain["end"],
+                           None if plain["g"] is None else torch.from_numpy(plain["g"]),
+                           plain["gain"])
+            for samples, last in job.decode(model, WINDOW):
+                conn.send(("audio", job_id, (samples, last)))
+        except Exception as e:  # the playing lane raises it
+            conn.send(("failed", job_id, f"{type(e).__name__}: {e}"))

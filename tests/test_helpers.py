@@ -1,0 +1,85 @@
+"""daemon.helpers: real helper processes, forked from this one, decode pieces of the
+sentences; the audio is the same as the playing lane's alone, a helper that dies leaves it
+whole, and a helper keeps nothing of herald's but its connection."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import pytest
+from audio_checks import assert_pcm_close, assert_speech, pcm16
+from sentences import LONG_SENTENCE
+
+from daemon.helpers import HelperPool
+from tts import SynthesisOptions, to_pcm16
+
+PARAGRAPH = ("The kitchen lights are on. The front door is locked. It will rain after six. "
+             "Your parcel arrives tomorrow morning.")
+
+
+def spoken(synth, text: str, helpers: HelperPool | None, seed: int = 4) -> bytes:  # type: ignore[no-untyped-def]
+    return b"".join(to_pcm16(c.samples)
+                    for c in synth.stream(text, SynthesisOptions(seed=seed), helpers))
+
+
+@pytest.fixture
+def pool(catalog, synth):  # type: ignore[no-untyped-def]
+    """One helper, forked once the voice is loaded (as herald forks them)."""
+    helpers = HelperPool(catalog, 1)
+    assert helpers.lanes == 2
+    yield helpers
+    helpers.close()
+
+
+@pytest.mark.parametrize("text", [LONG_SENTENCE, PARAGRAPH])
+def test_pieces_decoded_by_a_helper_process_are_the_same_audio(synth, pool, text: str) -> None:  # type: ignore[no-untyped-def]
+    alone = spoken(synth, text, None)
+    shared = spoken(synth, text, pool)
+    assert pool.decoded >= 1  # the helper made some of it
+    assert_pcm_close(shared, alone)
+    assert_speech(pcm16(shared), synth.sample_rate, min_seconds=5)
+
+
+def test_a_helper_killed_midway_leaves_the_audio_whole(synth, pool, caplog) -> None:  # type: ignore[no-untyped-def]
+    """The helper is killed as soon as the first audio is out, while it holds pieces of the
+    first sentence and the next ones: the playing lane decodes them itself, from where the
+    helper had got, and later syntheses use one core."""
+    alone = spoken(synth, PARAGRAPH, None)
+    chunks = synth.stream(PARAGRAPH, SynthesisOptions(seed=4), pool)
+    with caplog.at_level(logging.WARNING, logger="daemon.helpers"):
+        first = next(chunks)
+        os.kill(pool.pids[0], signal.SIGKILL)
+        rest = [c.samples for c in chunks]
+        deadline = time.monotonic() + 5
+        while pool.lanes > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert_pcm_close(to_pcm16(first.samples) + b"".join(to_pcm16(s) for s in rest), alone)
+    assert pool.lanes == 1
+    assert "decoded by the lanes that play them" in caplog.text
+    assert_pcm_close(spoken(synth, PARAGRAPH, pool), alone)  # no helper left: all here
+
+
+def test_a_helper_keeps_no_descriptor_of_herald(synth, pool, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Whatever herald had open when it forked (here a file this test opens first) is not
+    the helper's: only standard input, output, error and its connection."""
+    with open(tmp_path / "held", "w"):
+        fresh = HelperPool(pool.catalog, 1)
+        try:
+            pid = fresh.pids[0]
+            fds = os.listdir(f"/proc/{pid}/fd")
+        finally:
+            fresh.close()
+    assert sorted(int(fd) for fd in fds if int(fd) > 2) == [max(int(fd) for fd in fds)]
+    assert len(fds) == 4
+
+
+def test_closing_ends_the_helpers(catalog, synth) -> None:  # type: ignore[no-untyped-def]
+    helpers = HelperPool(catalog, 2)
+    pids = helpers.pids
+    assert len(pids) == 2 and helpers.lanes == 3
+    helpers.close()
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}"), f"helper {pid} is still there"

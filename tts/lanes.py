@@ -1,0 +1,295 @@
+"""The order a text's audio is made in: by the lane that plays it, and by helpers meanwhile.
+
+A text's sentences are decoded in order by the lane whose chunks the listener gets (the
+playing lane), window by window (``tts.pace``). With helpers (``tts.pieces.Helpers``) the
+work is shared out:
+
+* after a sentence's first window, what is left of it is cut into pieces (``tts.pieces``)
+  and all but the first go to the helpers;
+* the sentences after it go to them too, whole, while they have room: their priors (the
+  text encoder, the durations and the sampling, which draw the sampling noise in order) are
+  computed here, their audio there;
+* when the playing lane gets to a span a helper has not begun, it takes it back and decodes
+  it itself; of one a helper has begun it takes the audio as it comes, and while none has
+  come it decodes a later span no helper has begun, or hands out the next sentence.
+
+Every span joins exactly, so the audio is the same whoever made which span, and a seed
+gives the same audio with helpers or without.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .pace import Pace, next_end
+from .pieces import HelperFailed, Helpers, Helping, Latents, Piece, PieceJob
+from .vits import Vits
+
+# Frames: a sentence is cut for helpers only into pieces at least this long (the context a
+# piece reads around it, 43 frames through the flow and 11 through the generator for a
+# medium voice, is paid again for every cut).
+MIN_PIECE = 48
+FLOW_AHEAD = 256  # frames the flow may run ahead of the generator at most
+
+Prior = tuple[Tensor | Iterable[Tensor], Tensor | None]
+"""A sentence's prior latent, whole or in parts along time, and its speaker conditioning."""
+
+Chunk = tuple[np.ndarray, int, bool]
+"""Samples, the index of their sentence, and whether they are its last."""
+
+
+@dataclass(eq=False)
+class _Span:
+    """Frames ``[start, end)`` of one sentence (``end`` None: to its end), in the order the
+    audio is heard: decoded here (``piece``) or by a helper (``helping``)."""
+
+    sentence: int
+    latents: Latents
+    g: Tensor | None
+    start: int
+    end: int | None
+    helping: Helping | None = None
+    asked: bool = False  # the helper was asked for it back (``claim``)
+    piece: Piece | None = None
+    ready: deque[tuple[np.ndarray, bool]] = field(default_factory=deque)  # made, not handed
+    received: int = 0  # samples received from the helper
+    skip: int = 0  # samples a local decode drops (its helper failed after sending them)
+    finished: bool = False  # all of its audio made
+    shared: bool = False  # what it left of its sentence went to the helpers (if any)
+
+    @property
+    def ends_sentence(self) -> bool:
+        return self.end is None
+
+
+class _Lanes:
+    """One text's decoding (``decode_sentences``)."""
+
+    def __init__(self, model: Vits, priors: Iterable[Prior], gain: float, first: int,
+                 largest: int, pace: Pace, wanted: Callable[[], int | None] | None,
+                 helpers: Helpers | None) -> None:
+        self.model = model
+        self.priors = iter(priors)
+        self.gain, self.first, self.largest = gain, first, largest
+        self.pace = pace
+        self.wanted = wanted
+        self.helpers = helpers if helpers is not None and helpers.lanes > 1 else None
+        self.spans: deque[_Span] = deque()
+        self.sentences = 0  # priors taken
+        self.more = True  # priors may be left
+        self.planned = first  # the playing lane's next planned window
+        self.sample_rate = max(1, round(model.config.hop_length / pace.frame_seconds))
+
+    # --- the playing lane -----------------------------------------------------------------
+
+    def chunks(self) -> Iterator[Chunk]:
+        try:
+            while self.spans or self._start_playing():
+                span = self.spans[0]
+                if span.ready:
+                    samples, last = span.ready.popleft()
+                    if last:
+                        self.spans.popleft()
+                    self.pace.out(len(samples), self.sample_rate)
+                    yield samples, span.sentence, last and span.ends_sentence
+                elif span.helping is None:
+                    self._window(span, playing=True)
+                else:
+                    self._from_helper(span)
+        finally:
+            for span in self.spans:
+                if span.helping is not None:
+                    span.helping.cancel()
+
+    def _start_playing(self) -> bool:
+        """The next sentence, to be played from its first frame (no helper has it); False if
+        there is none."""
+        taken = self._take_prior()
+        if taken is None:
+            return False
+        k, latents, g = taken
+        dc, fc = self.model.dec.receptive_field, self.model.flow.receptive_field
+        with torch.inference_mode():
+            # Enough for the first window, its look-ahead and a window after it: then the
+            # sentence is known to go on past what the first window reads.
+            latents.fill(2 * self.first + dc + fc + 1)
+        if latents.complete and latents.frames == 0:
+            return self._start_playing()  # a sentence of no frames: the next one
+        span = _Span(k, latents, g, 0, None)
+        self.spans.append(span)
+        if latents.complete:  # a short sentence's prior is whole already: share it now
+            self._share(span)
+        return True
+
+    def _window(self, span: _Span, playing: bool) -> None:
+        """Decode ``span``'s next window here: sized for the listener if ``playing``, else the
+        largest (it is being made ahead of its turn)."""
+        if span.piece is None:
+            span.piece = Piece(self.model, span.latents, span.g, self.gain, span.start,
+                               span.end, self.pace.clock)
+            if playing and span.start == 0:
+                self.planned = self.first  # a sentence begins: the listener may be waiting
+        piece = span.piece
+        if piece.steps and span.start == 0 and not span.shared:
+            self._share(span)  # the first window is out: the rest of the sentence is wanted
+        asked = self.wanted() if playing and self.wanted is not None else None
+        size = self.pace.size(self.planned, self.largest, asked) if playing else self.largest
+        latents = span.latents
+        limit = latents.frames if piece.end is None else piece.end
+        end = next_end(piece.reached, size, self.first, limit,
+                       latents.complete or piece.end is not None)
+        before, started = piece.reached, self.pace.clock()
+        ahead = 0 if asked is not None else self.pace.flow_ahead(FLOW_AHEAD, piece.flow_ran)
+        piece.step(end, ahead)
+        self.pace.ran(piece.reached - before, self.pace.clock() - started)
+        if playing:
+            self.planned = min(self.largest, 2 * size)
+        chunks = list(piece.take())
+        if span.skip:
+            chunks = _dropped(chunks, span)
+        span.finished = piece.finished
+        if span.finished and not chunks:
+            chunks = [np.zeros(0, np.float32)]
+        for k, samples in enumerate(chunks):
+            span.ready.append((samples, span.finished and k == len(chunks) - 1))
+
+    def _from_helper(self, span: _Span) -> None:
+        """Take what a helper has made of ``span``; while nothing has come, work on."""
+        assert span.helping is not None
+        if not span.asked:
+            span.asked = True
+            if span.helping.claim():
+                span.helping = None  # never begun: decoded here, as it is needed
+                return
+        try:
+            got = span.helping.take(wait=False)
+            if not got and not self._meanwhile(span):
+                got = span.helping.take(wait=True)
+        except HelperFailed:
+            span.helping, span.skip = None, span.received  # decoded here from where it was
+            return
+        for samples, last in got:
+            span.ready.append((samples, last))
+            span.received += len(samples)
+        span.finished = bool(got) and got[-1][1]
+
+    def _meanwhile(self, waiting: _Span) -> bool:
+        """Something useful while ``waiting``'s helper has sent nothing: hand out the next
+        sentence if the helpers have room, else decode a window of a later span no helper
+        has begun. False if there is nothing to do but wait."""
+        if self._hand_out():
+            return True
+        for span in list(self.spans)[1:]:
+            if span.helping is not None and not span.asked:
+                span.asked = True
+                if span.helping.claim():
+                    span.helping = None
+            if span.helping is None and not span.finished:
+                self._window(span, playing=False)
+                return True
+        return False
+
+    # --- what the helpers get -------------------------------------------------------------
+
+    def _share(self, span: _Span) -> None:
+        """Once a sentence's prior is whole (at once for a short one, after the first
+        window for a long one): hand what the playing lane has not decoded of it to the
+        helpers in pieces (``span`` keeps the first), and the next sentence while they have
+        room."""
+        span.shared = True
+        if self.helpers is None or span.end is not None:
+            return
+        with torch.inference_mode():
+            span.latents.fill(sys.maxsize)
+        start, frames = (0 if span.piece is None else span.piece.reached), span.latents.frames
+        k = min(self.helpers.lanes, (frames - start) // MIN_PIECE)
+        if k >= 2:
+            bounds = [start + round(i * (frames - start) / k) for i in range(k)] + [frames]
+            span.end = bounds[1]
+            if span.piece is not None:
+                span.piece.end = bounds[1]
+            at = self.spans.index(span) + 1
+            for i in range(1, k):
+                piece = self._handed(span.sentence, span.latents, span.g, bounds[i],
+                                     None if i == k - 1 else bounds[i + 1])
+                self.spans.insert(at + i - 1, piece)
+        self._hand_out()
+
+    def _hand_out(self) -> bool:
+        """Hand the next sentence to the helpers, whole (in pieces if they are several),
+        while fewer spans wait for them than there are helpers (so none goes idle). False
+        if none was."""
+        if self.helpers is None or not self.more:
+            return False
+        waiting = sum(1 for s in self.spans
+                      if s.helping is not None and not s.asked and s.helping.queued())
+        if waiting >= self.helpers.lanes - 1:
+            return False
+        taken = self._take_prior()
+        if taken is None:
+            return False
+        k, latents, g = taken
+        with torch.inference_mode():
+            latents.fill(sys.maxsize)
+        frames = latents.frames
+        n = max(1, min(self.helpers.lanes - 1, frames // MIN_PIECE))
+        bounds = [round(i * frames / n) for i in range(n)] + [frames]
+        for i in range(n if frames else 0):
+            self.spans.append(self._handed(k, latents, g, bounds[i],
+                                           None if i == n - 1 else bounds[i + 1]))
+        return True
+
+    def _handed(self, sentence: int, latents: Latents, g: Tensor | None, start: int,
+                end: int | None) -> _Span:
+        assert self.helpers is not None
+        job = PieceJob.cut(self.model, latents, start, end, g, self.gain)
+        return _Span(sentence, latents, g, start, end, self.helpers.decode(self.model, job))
+
+    def _take_prior(self) -> tuple[int, Latents, Tensor | None] | None:
+        if not self.more:
+            return None
+        prior = next(self.priors, None)
+        if prior is None:
+            self.more = False
+            return None
+        parts, g = prior
+        self.sentences += 1
+        with torch.inference_mode():
+            return self.sentences - 1, Latents(parts), g
+
+
+def _dropped(chunks: list[np.ndarray], span: _Span) -> list[np.ndarray]:
+    """``chunks`` without the ``span.skip`` samples at their start (counted down)."""
+    out = []
+    for samples in chunks:
+        cut = min(span.skip, len(samples))
+        span.skip -= cut
+        if cut < len(samples):
+            out.append(samples[cut:])
+    return out
+
+
+def decode_sentences(model: Vits, priors: Iterable[Prior], gain: float = 1.0,
+                     first: int = 8, largest: int = 96, pace: Pace | None = None,
+                     wanted: Callable[[], int | None] | None = None,
+                     helpers: Helpers | None = None) -> Iterator[Chunk]:
+    """Flow + generator over the sentences' priors, in order; each sentence's chunks join
+    into exactly ``model.decode`` of its prior.
+
+    The playing lane's windows: ``first`` frames, then at least doubling, as ``pace`` lets
+    them grow (without one, exactly doubling), never over ``largest``; a tail shorter than
+    ``first`` folded into the window before it. With ``wanted`` (a ``Demand`` in frames), a
+    window is made as long as it asks where that is longer, up to ``largest``. ``priors`` is
+    taken lazily, in order: a sentence's prior is computed when it is about to be needed or
+    handed out.
+    """
+    lanes = _Lanes(model, priors, gain, first, largest, pace or Pace.plan_only(), wanted,
+                   helpers)
+    yield from lanes.chunks()
