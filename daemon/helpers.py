@@ -40,6 +40,7 @@ from tts.vits import Vits
 log = logging.getLogger(__name__)
 
 WINDOW = 256  # frames a helper decodes at a time (its flow runs as far ahead)
+REST_AFTER = 1.0  # seconds without a piece after which a helper hands back its freed heap
 _PR_SET_PDEATHSIG = 1
 
 
@@ -311,13 +312,20 @@ def _max_fd() -> int:
 def _serve(conn: Connection, catalog: VoiceCatalog) -> None:
     import torch
 
+    from tts.memory import release_free_memory
     from tts.threads import prepare_thread
 
     prepare_thread()
     pending: deque[tuple[int, tuple[str, dict[str, Any]]]] = deque()
     cancelled: set[int] = set()
+    worked = False  # since the freed heap was last handed back
     while True:
         while not pending or conn.poll():
+            if not pending and worked and not conn.poll(REST_AFTER):
+                # Idle: what the pieces freed goes back to the system, as herald's own
+                # process does once it rests (tts.memory).
+                release_free_memory("helper idle")
+                worked = False
             kind, job_id, payload = conn.recv()
             if kind == "stop":
                 return
@@ -333,6 +341,7 @@ def _serve(conn: Connection, catalog: VoiceCatalog) -> None:
             conn.send(("skipped", job_id, None))
             continue
         conn.send(("begun", job_id, None))
+        worked = True
         try:
             model = catalog.synthesizer(voice).model
             job = PieceJob(torch.from_numpy(plain["z"]), plain["start"], plain["end"],
