@@ -166,16 +166,19 @@ def _parser() -> argparse.ArgumentParser:
         description="Download voices (name or alias, see --available) into the first "
         "--voice-dir, else the first of the config's voices.directories. Each file's size "
         "and MD5 are checked against the catalog; an interrupted download continues where "
-        "it stopped when run again; a voice appears only once complete and verified. Exit "
-        "status: 0 all installed, 1 a download failed, 2 bad input.")
+        "it stopped when run again; a voice appears only once complete and verified. What "
+        "a voice needs besides its files (Chinese pinyin voices: the g2pW model and its "
+        "tokenizer) comes with it, from voices.resources_url, checked against pinned "
+        "SHA-256 sums. Exit status: 0 all installed, 1 a download failed, 2 bad input.")
     download.add_argument("names", nargs="+", metavar="NAME", help="voice to download")
     # SUPPRESS: given before `download`, these keep the value `voices` parsed.
     download.add_argument("--voice-dir", action="append", type=Path, metavar="DIR",
                           default=argparse.SUPPRESS,
                           help="download into DIR (default: voices.directories[0])")
     download.add_argument("--config", type=Path, metavar="FILE", default=argparse.SUPPRESS,
-                          help="config whose voices.directories and voices.catalog_url are "
-                          "used (default: ./herald.toml or /etc/herald/herald.toml)")
+                          help="config whose voices.directories, voices.catalog_url and "
+                          "voices.resources_url are used (default: ./herald.toml or "
+                          "/etc/herald/herald.toml)")
 
     bench = sub.add_parser("bench", parents=[verbose],
                            help="benchmark herald against piper-tts (same voice, same run)",

@@ -92,7 +92,8 @@ def download(args: argparse.Namespace) -> int:
     failed = 0
     for voice in chosen:
         try:
-            fetched = download_voice(voice, settings.catalog_url, directory)
+            fetched = download_voice(voice, settings.catalog_url, directory,
+                                     settings.resources_url, targets)
         except DownloadError as e:
             print(f"herald voices download: {e}", file=sys.stderr)
             failed += 1

@@ -150,6 +150,23 @@ def catalog():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
+def typed_voices(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A directory with a small voice of each of Piper's phoneme types and the g2pW model
+    a pinyin voice needs (``typed_voices``), made once per session (about 10 s)."""
+    from sentences import ZH_SENTENCES
+    from typed_voices import TYPES, export_runnable, install_voice, make_g2pw
+
+    directory = tmp_path_factory.mktemp("typed") / "voices"
+    directory.mkdir()
+    model = directory.parent / "model.onnx"
+    export_runnable(model)
+    for kind in TYPES.values():
+        install_voice(directory, model, kind)
+    make_g2pw(directory, "".join(ZH_SENTENCES) + "你好欢迎试用智能家居今天天气")
+    return directory
+
+
+@pytest.fixture(scope="session")
 def synth(catalog):  # type: ignore[no-untyped-def]
     return catalog.synthesizer()
 

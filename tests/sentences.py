@@ -1,4 +1,6 @@
-"""Varied English test sentences: numbers, abbreviations, questions, exclamations, long ones."""
+"""Varied test sentences: English (numbers, abbreviations, questions, exclamations, long
+ones), and for each of Piper's other phoneme types sentences of its language with numbers,
+punctuation and mixed scripts."""
 
 SENTENCES = [
     "Turn on the kitchen lights.",
@@ -32,3 +34,46 @@ LONG_SENTENCE = (
     "bringing strong winds, falling temperatures and the chance of thunder before it clears "
     "out early tomorrow morning."
 )
+
+# Chinese: polyphones (重庆 chong2, 银行 hang2, 行走 xing2, 长江 chang2, 长大 zhang3, 音乐
+# yue4, 快乐 le4), temperatures, percentages, decimals, quotes, Latin, several sentences.
+ZH_SENTENCES = [
+    "我们去重庆的银行，然后沿着长江行走。",
+    "今天气温-7°C，明天12℃，湿度77%，降雨概率百分之三十。",
+    "价格是3.5元，一共1024件，打八折。",
+    "他说：“你好”！你明天会来吗？",
+    "我用iPhone给妈妈打电话，她说OK。",
+    "音乐让人快乐；孩子长大以后还要学习。",
+    "第一句话。第二句话！第三句话？",
+]
+
+JA_SENTENCES = [
+    "今日は良い天気ですね。",
+    "東京タワーの高さは333メートルです。",
+    "明日、雨が降りますか？",
+    "iPhoneで写真を撮った。それから、家に帰りました！",
+]
+
+HE_SENTENCES = [
+    "שלום עולם, מה שלומך?",
+    "יש לי 3 ספרים על השולחן.",
+    "הטמפרטורה היום היא 25 מעלות!",
+    "אני משתמש ב-iPhone כל יום.",
+]
+
+TH_SENTENCES = [
+    "สวัสดีครับ วันนี้อากาศดี",
+    "ราคา 1,250 บาท ลดราคา 15%",
+    "ข่าว ข้าว ปลา ป่า ป้า",
+    "เด็กๆ ไปโรงเรียน. ฉันชอบ iPhone มาก!",
+]
+
+AR_SENTENCES = [
+    "مرحبا بكم في المنزل.",
+    "الساعة الآن 3 مساءً، والجو جميل.",
+]
+
+TEXT_SENTENCES = [
+    "Hello, world!",
+    "Crème brûlée costs 5 euros.",
+]

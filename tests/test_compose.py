@@ -66,11 +66,14 @@ def _audio(chunks: list[ComposedChunk]) -> np.ndarray:
              Run("herald！This is a real-time TTS demo.", "en", False)]),
     ("I have 3 苹果.", [Run("I have 3 ", "en", False), Run("苹果.", "zh", True)]),
     ("2024年1月5日", [Run("2024年1月5日", "zh", True)]),
+    ("气温-7°C，湿度77%", [Run("气温-7°C，湿度77%", "zh", True)]),  # the C is the number's
     ("こんにちは世界、hello", [Run("こんにちは世界、", "ja", True), Run("hello", "en", False)]),
     ("世界 hi こんにちは", [Run("世界 ", "ja", True), Run("hi ", "en", False),
                          Run("こんにちは", "ja", True)]),
     ("안녕하세요 friend", [Run("안녕하세요 ", "ko", True), Run("friend", "en", False)]),
     ("Привет, мир", [Run("Привет, мир", "en", False)]),  # other alphabets: the voice's
+    ("שָׁלוֹם world", [Run("שָׁלוֹם ", "he", False), Run("world", "en", False)]),  # points too
+    ("ราคา 1,250 บาท OK", [Run("ราคา 1,250 บาท ", "th", False), Run("OK", "en", False)]),
     ("123 !!!", [Run("123 !!!", "en", False)]),
     ("  ", []),
 ])
@@ -325,6 +328,76 @@ def test_other_rates_are_resampled(zh_catalog: VoiceCatalog) -> None:
     ja = composer.fallback.synthesize("こんにちは", composer.fallback.resolve("ja"))  # type: ignore[union-attr]
     ja16 = sum(len(c.samples) for c in chunks16 if c.voice == "espeak:ja")
     assert abs(ja16 - down.expected_length(len(ja))) < 0.05 * 16000  # espeak-ng varies a bit
+
+
+# --- a Chinese pinyin voice ------------------------------------------------------------------
+
+PINYIN = "zh_CN-pinyin-x_low"  # a small 16 kHz voice of Piper's pinyin type (typed_voices)
+ZH_EN = "我用iPhone给妈妈打电话，她说OK。Then I went home."
+
+
+@pytest.fixture(scope="module")
+def pinyin_composer(typed_voices) -> Composer:  # type: ignore[no-untyped-def]
+    return Composer(VoiceCatalog([typed_voices]))
+
+
+@pytest.mark.parametrize("voice", [None, PINYIN])
+def test_chinese_to_the_pinyin_voice_english_to_english(pinyin_composer: Composer,
+                                                        voice: str | None) -> None:
+    """Whoever the request's voice, the Chinese goes to the pinyin voice and the English to
+    the English one: the pinyin voice would drop (or garble) Latin letters."""
+    assert _said(_plan(pinyin_composer, ZH_EN, voice=voice)) == [
+        (PINYIN, "我用"), (JOE, "iPhone"), (PINYIN, "给妈妈打电话，她说"), (JOE, "OK."),
+        (JOE, "Then I went home.")]
+    assert _said(_plan(pinyin_composer, "今天气温-7°C，湿度77%。", voice=voice)) == [
+        (PINYIN, "今天气温-7°C，湿度77%。")]  # read by Piper's Chinese number rules
+
+
+def test_hebrew_and_thai_go_to_their_voices(pinyin_composer: Composer, composer: Composer
+                                            ) -> None:
+    """Hebrew and Thai letters go to a voice of their language (else espeak-ng's), Latin
+    words in a request to those voices to the English one: they would drop them."""
+    he, th = "he_IL-test-x_low", "th_TH-test-x_low"
+    for voice in (None, he, th):
+        assert _said(_plan(pinyin_composer, "אני משתמש ב-iPhone כל יום.", voice=voice)) == [
+            (he, "אני משתמש ב-"), (JOE, "iPhone"), (he, "כל יום.")]
+        assert _said(_plan(pinyin_composer, "ราคา 1,250 บาท OK", voice=voice)) == [
+            (th, "ราคา 1,250 บาท"), (JOE, "OK")]
+    assert _said(_plan(composer, "Hello שלום, สวัสดีครับ!")) == [
+        (JOE, "Hello"), ("espeak:he", "שלום,"), ("espeak:th", "สวัสดีครับ!")]
+
+
+def test_chinese_markup_with_the_pinyin_voice(pinyin_composer: Composer) -> None:
+    steps = _plan(pinyin_composer, "你好【停顿0.5秒】世界。", voice=PINYIN)
+    assert [(type(s).__name__, getattr(s, "text", getattr(s, "seconds", None)))
+            for s in steps] == [("Say", "你好"), ("Silence", 0.5), ("Say", "世界。")]
+    quiet = SynthesisOptions(seed=3, noise_scale=0.0, noise_w=0.0)
+    normal = len(_audio(list(pinyin_composer.stream("你好，世界", voice=PINYIN, options=quiet))))
+    slow = len(_audio(list(pinyin_composer.stream("【慢速】你好，世界", voice=PINYIN,
+                                                  options=quiet))))
+    assert slow > 1.15 * normal
+    loud = _plan(pinyin_composer, "【强调】你好【/强调】世界", voice=PINYIN)
+    assert [(s.text, s.gain > 1.0) for s in loud if isinstance(s, Say)] == [
+        ("你好", True), ("世界", False)]
+
+
+def test_mixed_text_is_one_stream_of_the_pinyin_voices_format(pinyin_composer: Composer
+                                                               ) -> None:
+    """One format for the whole stream (the request voice's 16 kHz): the Chinese runs are
+    the pinyin voice's own samples, the English ones the English voice's, resampled."""
+    opts = SynthesisOptions(seed=7, noise_w=0.0)  # durations, so lengths, are fixed
+    comp = pinyin_composer.stream(ZH_EN, voice=PINYIN, options=opts)
+    assert comp.sample_rate == 16000
+    chunks = list(comp)
+    assert {c.voice for c in chunks} == {PINYIN, JOE}
+    catalog = pinyin_composer.catalog
+    first = _audio([c for c in chunks if c.text == "我用"])
+    own = catalog.synthesizer(PINYIN).synthesize("我用", opts)  # the first: the same noise
+    assert len(first) == len(own) and np.allclose(first, own, atol=1e-4) and rms(own) > 0
+    english = _audio([c for c in chunks if c.text == "Then I went home."])
+    joe = catalog.synthesizer(JOE).synthesize("Then I went home.", opts)
+    assert len(english) == Resampler(22050, 16000).expected_length(len(joe))
+    assert_speech(english, 16000)
 
 
 # --- streaming -------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from pathlib import Path
 from .errors import UnknownVoice, VoiceError
 from .memory import release_free_memory
 from .options import DEFAULT_VOICE
+from .phoneme_types import unusable
 from .stream import Synthesizer
 from .text.languages import speaks
 from .voice import Voice, VoiceInfo
@@ -117,7 +118,14 @@ class VoiceCatalog:
                 continue
             for info in scan(d):
                 infos.setdefault(info.name, info)
-        return infos
+        usable = {}
+        for name, info in infos.items():
+            problem = unusable(info.config, [info.model_path.parent, *self.directories])
+            if problem:  # listed, it would be routed to and fail mid-request
+                log.warning("voice %s left out: %s", name, problem)
+                continue
+            usable[name] = info
+        return usable
 
     def _default(self, default: str | None) -> str:
         if default and default not in self._infos:
@@ -188,7 +196,7 @@ class VoiceCatalog:
             synth = self._loaded.get(info.name)
             if synth is None:
                 t0 = time.monotonic()
-                synth = Synthesizer(Voice.load(info))
+                synth = Synthesizer(Voice.load(info, self.directories))
                 self._loaded[info.name] = synth
                 release_free_memory(f"voice {info.name} loaded")  # the parsed file's copies
                 log.info("loaded voice %s (%s, %d Hz) in %.2f s", info.name,

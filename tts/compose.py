@@ -6,8 +6,10 @@ expensive one where synthesis runs (a worker thread):
 * **plan** (``Planner``, text only, milliseconds): markup -> sentences -> language runs ->
   a list of steps, each ``Say(text, voice, rate, gain)`` or ``Silence(seconds)``. It decides who
   speaks each run: the request's voice for its own language, an installed voice of the run's
-  language, else espeak-ng (``espeak:cmn``). It accepts text in pieces (``feed``) and
-  returns the steps of each sentence as soon as the sentence is complete.
+  language, else espeak-ng (``espeak:cmn``). Latin text in a request to a voice that cannot
+  read it (a Chinese ``pinyin``, Hebrew or Thai voice) is English, for an English voice. It
+  accepts text in pieces (``feed``) and returns the steps of each sentence as soon as the
+  sentence is complete.
 * **render** (``Composer.render``): steps -> ``ComposedChunk``s, chunk by chunk as the
   voices produce them (never a whole text first), all at one sample rate — the request
   voice's — so a stream keeps one audio format. Other voices and espeak-ng are resampled.
@@ -35,10 +37,17 @@ from .catalog import VoiceCatalog
 from .errors import UnknownVoice
 from .fallback import LABEL_PREFIX, EspeakFallback, FallbackError
 from .options import Demand, SynthesisOptions
+from .phoneme_types import READS_LATIN
 from .pieces import Helpers
 from .resample import Resampler
 from .stream import AudioChunk
-from .text.languages import CJK_LANGUAGES, base_language, for_voice, language_runs
+from .text.languages import (
+    CJK_LANGUAGES,
+    SCRIPTED_LANGUAGES,
+    base_language,
+    for_voice,
+    language_runs,
+)
 from .text.markup import (
     Markup,
     MarkupError,
@@ -56,6 +65,7 @@ from .text.sentences import DEFAULT_MAX_CHARS, Sentence, SentenceBuffer, split_s
 log = logging.getLogger(__name__)
 
 DEFAULT_PARAGRAPH_PAUSE = 0.4  # seconds
+LATIN_LANGUAGE = "en"  # who says Latin text in a request to a voice that can't
 MarkupErrors = Literal["raise", "text"]
 
 
@@ -125,6 +135,13 @@ class Composer:
             return self.voice_label(voice)
         except UnknownVoice:
             return None
+
+    def reads_latin(self, label: str) -> bool:
+        """Whether the voice reads Latin letters itself (espeak-ng does, a pinyin voice
+        doesn't: ``tts.phoneme_types.READS_LATIN``)."""
+        if label.startswith(LABEL_PREFIX):
+            return True
+        return self.catalog.resolve(label).config.phoneme_type in READS_LATIN
 
     def language_of(self, label: str) -> str:
         if label.startswith(LABEL_PREFIX):
@@ -399,8 +416,13 @@ class Planner:
             else:
                 current = known
         own = self.composer.language_of(current)
-        default = own
         cjk = own if base_language(own) in CJK_LANGUAGES else None  # a Cantonese voice: yue
+        # Latin letters in a request to a voice of a language written otherwise: its own
+        # language if it reads them (espeak-ng does), else English, for an English voice to
+        # say rather than this one to swallow (a pinyin, Hebrew or Thai voice would).
+        default = own
+        if base_language(own) in SCRIPTED_LANGUAGES and not self.composer.reads_latin(current):
+            default = LATIN_LANGUAGE
         if seg.language:
             if base_language(seg.language) in CJK_LANGUAGES:
                 cjk = seg.language

@@ -26,7 +26,6 @@ import torch
 from .lanes import MIN_PIECE, Prior, decode_sentences
 from .options import Demand, SynthesisOptions
 from .pace import Pace, in_frames
-from .phonemize import phoneme_ids, phonemize
 from .pieces import Helpers, apply_gain
 from .vits import Vits
 from .voice import Voice
@@ -55,10 +54,8 @@ class Synthesizer:
         return self.voice.config.sample_rate
 
     def sentences(self, text: str) -> list[list[int]]:
-        """Phoneme ids of each sentence espeak-ng finds in ``text``."""
-        c = self.voice.config
-        return [phoneme_ids(p, c.phoneme_id_map)
-                for p in phonemize(text, c.espeak_voice, c.vowel_clusters)]
+        """Phoneme ids of each sentence of ``text``, by the voice's phonemizer."""
+        return self.voice.phonemizer.sentences(text)
 
     def stream(self, text: str, options: SynthesisOptions = SynthesisOptions(),
                helpers: Helpers | None = None) -> Iterator[AudioChunk]:

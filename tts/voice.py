@@ -15,7 +15,7 @@ import json
 import logging
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .errors import VoiceError
+from .phoneme_types import Phonemizer, check_phoneme_type, phonemizer_for
 from .vits import Vits, VitsConfig
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ class VoiceConfig:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> VoiceConfig:
+        """Raises ``VoiceError`` for a config that is not a Piper voice's, or whose phoneme
+        type herald does not know."""
         try:
             inference = data.get("inference", {})
             lang = data.get("language", {})
@@ -67,8 +70,11 @@ class VoiceConfig:
                 noise_w=float(inference.get("noise_w", 0.8)),
                 vowel_clusters=frozenset(tuple(c) for c in (data.get("vowel_clusters") or [])),
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise VoiceError(f"voice config is not a Piper voice config: {e!r}") from e
+
+    def __post_init__(self) -> None:
+        check_phoneme_type(self.phoneme_type)
 
 
 @dataclass(frozen=True)
@@ -130,10 +136,11 @@ class VoiceInfo:
 
 @dataclass
 class Voice:
-    """A loaded voice, ready for ``tts.stream``."""
+    """A loaded voice, ready for ``tts.stream``: its weights and its phonemizer."""
 
     info: VoiceInfo
     model: Vits
+    phonemizer: Phonemizer
 
     @property
     def name(self) -> str:
@@ -144,9 +151,17 @@ class Voice:
         return self.info.config
 
     @classmethod
-    def load(cls, info: VoiceInfo) -> Voice:
-        model = load_onnx_weights(info.model_path)
-        return cls(info, model)
+    def load(cls, info: VoiceInfo, resource_places: Sequence[Path] = ()) -> Voice:
+        """The weights and the phonemizer of the voice's ``phoneme_type``; the resources
+        that needs (``tts.resources``) are looked for beside the voice and in
+        ``resource_places``. Raises ``VoiceError`` saying what to install if a part is
+        missing, before the weights are read."""
+        places = list(dict.fromkeys([info.model_path.parent, *resource_places]))
+        try:
+            phonemizer = phonemizer_for(info.config, places)
+        except VoiceError as e:
+            raise VoiceError(f"voice {info.name}: {e}") from e
+        return cls(info, load_onnx_weights(info.model_path), phonemizer)
 
     def speaker_id(self, speaker: str | int | None) -> int | None:
         return self.info.speaker_id(speaker)

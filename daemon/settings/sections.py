@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from tts.memory import KeepWarm
+from tts.resources import DEFAULT_BASE_URL
 
 from ..errors import HeraldError
 from ..request import RATE_RANGE
@@ -53,6 +54,10 @@ class VoicesSettings(_Section):
     # Piper's voices.json, for `herald voices --available` and `download`; the voice files
     # are fetched from beside it (daemon.voice_download).
     catalog_url: str = DEFAULT_CATALOG
+    # Where `herald voices download` fetches what a voice needs besides its own files (g2pW
+    # for Chinese pinyin voices): Hugging Face, a mirror of it, or a file:// directory
+    # holding the files under Hugging Face's paths or side by side (tts.resources).
+    resources_url: str = DEFAULT_BASE_URL
 
     @field_validator("default", mode="before")
     @classmethod

@@ -3,9 +3,12 @@
 A Piper voice speaks one language, and an English voice given Chinese characters says
 nothing useful. Scripts tell the CJK languages apart from Latin text well enough: hangul is
 Korean, kana is Japanese (and so are the ideographs around it), ideographs alone are
-Chinese. Latin, Cyrillic and other alphabetic text is taken to be in the voice's own
-language. Digits, spaces and punctuation have no script: they belong to the run they are
-in, or, between two runs, to the one before.
+Chinese. Hebrew and Thai letters are Hebrew and Thai, the only languages of Piper's voices
+written in them. Latin, Cyrillic and other alphabetic text (Arabic letters too: Arabic,
+Persian and Urdu share them) is taken to be in the voice's own language. Digits, spaces and
+punctuation have no script: they belong to the run they are in, or, between two runs, to
+the one before; so does the letter of a unit written after a degree sign (``-7°C``), which
+is part of the number, not a word.
 """
 
 from __future__ import annotations
@@ -15,8 +18,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-Script = Literal["han", "kana", "hangul", "other"]
+Script = Literal["han", "kana", "hangul", "hebrew", "thai", "other"]
 CJK_LANGUAGES = frozenset({"zh", "yue", "ja", "ko"})
+# Alphabets one language alone is written in, among Piper's voices.
+SCRIPT_LANGUAGES: dict[Script, str] = {"hebrew": "he", "thai": "th"}
+# Languages whose text is told from Latin text by its script.
+SCRIPTED_LANGUAGES = CJK_LANGUAGES | frozenset(SCRIPT_LANGUAGES.values())
 
 # Full-width punctuation a non-CJK voice would not treat as punctuation.
 _TO_ASCII = str.maketrans({
@@ -31,7 +38,8 @@ _TO_ASCII = str.maketrans({
 @dataclass(frozen=True)
 class Run:
     """A stretch of text in one language. ``language`` is a base code (``zh``, ``ja``,
-    ``ko``, ``yue``) for CJK runs and the caller's default for the rest."""
+    ``ko``, ``yue``; ``he``, ``th``) for CJK, Hebrew and Thai runs and the caller's
+    default for the rest."""
 
     text: str
     language: str
@@ -39,7 +47,8 @@ class Run:
 
 
 def script_of(ch: str) -> Script | None:
-    """The script of a letter; None for digits, spaces, punctuation and symbols."""
+    """The script of a letter (or of a mark on one); None for digits, spaces, punctuation
+    and symbols."""
     o = ord(ch)
     if (0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF or 0x20000 <= o <= 0x3134F
             or 0xF900 <= o <= 0xFAFF or o in (0x3005, 0x3007)):
@@ -49,7 +58,12 @@ def script_of(ch: str) -> Script | None:
     if (0xAC00 <= o <= 0xD7AF or 0x1100 <= o <= 0x11FF or 0x3130 <= o <= 0x318F
             or 0xA960 <= o <= 0xA97F or 0xD7B0 <= o <= 0xD7FF):
         return "hangul"
-    return "other" if unicodedata.category(ch)[0] == "L" else None
+    category = unicodedata.category(ch)[0]
+    if category in "LM" and (0x0590 <= o <= 0x05FF or 0xFB1D <= o <= 0xFB4F):
+        return "hebrew"  # letters and points
+    if category in "LM" and 0x0E00 <= o <= 0x0E7F:
+        return "thai"  # consonants, vowels and tone marks
+    return "other" if category == "L" else None
 
 
 def base_language(code: str) -> str:
@@ -82,11 +96,14 @@ def language_runs(text: str, default: str, cjk: str | None = None) -> list[Run]:
     (``yue`` from an SSML ``xml:lang``, or a Cantonese voice's own), is the language of
     ideographs in a text without kana.
     """
-    family_of = {"han": "cjk", "kana": "cjk", "hangul": "hangul", "other": "other"}
+    family_of = {"han": "cjk", "kana": "cjk", "hangul": "hangul", "hebrew": "hebrew",
+                 "thai": "thai", "other": "other"}
     runs: list[tuple[str, list[str]]] = []  # (family, characters)
     leading: list[str] = []  # scriptless characters before the first letter
+    prev = ""
     for ch in text:
-        script = script_of(ch)
+        script = script_of(ch) if prev != "\u00b0" else None  # 7°C: the C is the number's
+        prev = ch
         if script is None:
             (runs[-1][1] if runs else leading).append(ch)
             continue
@@ -106,6 +123,8 @@ def language_runs(text: str, default: str, cjk: str | None = None) -> list[Run]:
         elif family == "cjk":  # kana settles it; else the caller's CJK language, else zh
             out.append(Run(chunk, "ja" if has_kana else base_language(cjk) if cjk else "zh",
                            True))
+        elif family in SCRIPT_LANGUAGES:
+            out.append(Run(chunk, SCRIPT_LANGUAGES[family], False))
         else:
             out.append(Run(chunk, default, False))
     return out
