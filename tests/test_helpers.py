@@ -64,10 +64,14 @@ def test_a_helper_killed_midway_leaves_the_audio_whole(synth, pool, caplog) -> N
 
 def test_a_helper_keeps_no_descriptor_of_herald(synth, pool, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Whatever herald had open when it forked (here a file this test opens first) is not
-    the helper's: only standard input, output, error and its connection."""
+    the helper's: only standard input, output, error and its connection. The descriptors
+    are read once the helper has decoded a piece, so after it has dropped what it must not
+    keep (right after the fork it still holds everything)."""
     with open(tmp_path / "held", "w"):
         fresh = HelperPool(pool.catalog, 1)
         try:
+            spoken(synth, LONG_SENTENCE, fresh)
+            assert fresh.decoded >= 1
             pid = fresh.pids[0]
             fds = os.listdir(f"/proc/{pid}/fd")
         finally:
