@@ -57,7 +57,7 @@ class Listener:
         self.stopped: dict[str, float] = {}
         self.latency: dict[str, dict[str, Any]] = {}
         self.online = False
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2,
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2,  # type: ignore[attr-defined]
                                   client_id="herald-bench-listener")
         self.client.on_message = self._on_message
         self.client.connect("127.0.0.1", port)
@@ -159,13 +159,14 @@ async def _measure(repeats: int, threads: int, ports: dict[str, int], listener: 
                     first_speaker = await _speaker(listener, text, f"{label}-s{i}")
                     await asyncio.sleep(0.1 + rnd["engine"][1])  # the speaker plays it out
                     if i:
-                        for k, v in rnd.items():
-                            got[k].append(v)
+                        for k, sample in rnd.items():
+                            got[k].append(sample)
                         speaker.append(first_speaker)
                 row: dict[str, Any] = {}
-                for k, v in got.items():
-                    row[k] = {"first_ms": round(1000 * statistics.median(f for f, _ in v), 1),
-                              "total_ms": round(1000 * statistics.median(t for _, t in v), 1)}
+                for k, samples in got.items():
+                    row[k] = {
+                        "first_ms": round(1000 * statistics.median(f for f, _ in samples), 1),
+                        "total_ms": round(1000 * statistics.median(t for _, t in samples), 1)}
                 row["speaker"] = {"first_ms": round(1000 * statistics.median(speaker), 1)}
                 for k in (*FRONTS, "speaker"):
                     for fig in ("first_ms", "total_ms"):

@@ -57,6 +57,7 @@ def serve(port: int) -> None:
     async def main() -> None:
         engine = Engine(VoiceCatalog(), EngineSettings())
         await engine.preload()
+        engine.start_helpers()  # as the daemon does: forked once the voice is loaded
         engine.keep_warm()
         front = HttpFront(HttpSettings(port=port), Context(engine, Metrics(), __version__))
         await front.start()

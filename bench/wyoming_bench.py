@@ -99,6 +99,7 @@ def serve_herald(port: int, threads: int | None, keep_warm: str) -> None:
         engine = Engine(VoiceCatalog(), EngineSettings(threads=threads,
                                                        keep_warm=keep_warm))  # type: ignore[arg-type]
         await engine.preload(VOICE)
+        engine.start_helpers()  # as the daemon does: forked once the voice is loaded
         engine.keep_warm()
         front = WyomingFront(WyomingSettings(uri=f"tcp://127.0.0.1:{port}"),
                              Context(engine, Metrics(), __version__))
