@@ -150,11 +150,16 @@ def publish_pinyin(server: VoiceServer, typed_voices: Path) -> None:
     server.publish(PINYIN, model, model.with_name(model.name + ".json"), "zh_CN")
 
 
+def model_files(typed_voices: Path) -> list[Path]:
+    """The test g2pW model's own files (loading it may have left a ``__pycache__`` beside)."""
+    return sorted(f for f in (typed_voices / "g2pW").iterdir() if f.is_file())
+
+
 def g2pw_archive(typed_voices: Path, dest: Path) -> Path:
     """The test g2pW model packed as Piper packs g2pw.tar.gz: its files at the top."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(dest, "w:gz") as tar:
-        for f in sorted((typed_voices / "g2pW").iterdir()):
+        for f in model_files(typed_voices):
             tar.add(f, arcname=f.name)
     return dest
 
@@ -220,7 +225,7 @@ def test_resource_download_resumes_checks_and_installs_whole(tmp_path: Path,
     assert download_resource(resource, base, voices)
     ranges = [rng for p, rng in catalog.requests if p == pinned.path]
     assert ranges == [None, f"bytes={len(data) // 3}-"]  # the rest only
-    for f in (typed_voices / "g2pW").iterdir():
+    for f in model_files(typed_voices):
         assert (voices / "g2pW" / f.name).read_bytes() == f.read_bytes()
     assert not list(voices.glob("*.part")) and not list(voices.glob(".g2pW*"))
     assert not download_resource(resource, base, voices)  # up to date: nothing fetched

@@ -17,6 +17,7 @@ unicode-rbnf) are piper-tts's ``zh`` extra: ``scripts/setup --extras zh``.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,9 +46,15 @@ def chinese_phonemizer(places: Sequence[Path]) -> Any:
         """Piper's phonemizer as its constructor sets it up, minus the download."""
 
         def __init__(self) -> None:  # deliberately not super().__init__: it downloads
-            self.g2p = G2PWOnnxConverter(model_dir=model_dir, style="pinyin",
-                                         model_source=str(tokenizer_dir),
-                                         enable_non_tradional_chinese=True)
+            # The converter imports the model's config.py: without this, Python would leave
+            # a __pycache__ in the voices directory, which herald voices download owns.
+            writing, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+            try:
+                self.g2p = G2PWOnnxConverter(model_dir=model_dir, style="pinyin",
+                                             model_source=str(tokenizer_dir),
+                                             enable_non_tradional_chinese=True)
+            finally:
+                sys.dont_write_bytecode = writing
             self.number_engine = RbnfEngine.for_language("zh")
 
     return Installed()
