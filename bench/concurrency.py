@@ -65,10 +65,10 @@ async def round_of(port: int, n: int) -> list[Played]:
     return list(await asyncio.gather(*(stream(port, t0) for _ in range(n))))
 
 
-async def run(counts: list[int], repeats: int) -> dict[str, Any]:
+async def run(counts: list[int], repeats: int, threads: int | None = None) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="concurrency-bench-") as tmp:
-        ports, procs = start_servers(Path(tmp), None, "auto")
+        ports, procs = start_servers(Path(tmp), threads, "auto")
         try:
             for name in SERVERS:
                 await wait_ready(ports[name], procs)
@@ -101,8 +101,9 @@ async def run(counts: list[int], repeats: int) -> dict[str, Any]:
                 p.terminate()
             for p in procs:
                 p.wait(10)
-    return {"repeats": repeats, "cpus": os.cpu_count(), "load_before": round(load_before, 2),
-            "load_after": round(load_after, 2), "results": rows}
+    return {"repeats": repeats, "threads": threads, "cpus": os.cpu_count(),
+            "load_before": round(load_before, 2), "load_after": round(load_after, 2),
+            "results": rows}
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -126,9 +127,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 3, 6])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="herald's voices.threads (lanes; default: the daemon's)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
-    result = asyncio.run(run(args.streams, args.repeats))
+    result = asyncio.run(run(args.streams, args.repeats, args.threads))
     if args.json:
         print(json.dumps(result))
     else:

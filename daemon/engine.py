@@ -33,7 +33,7 @@ from tts.text import TextFormat
 from tts.threads import cores, prepare_thread
 from tts.warm import Warmer
 
-from .helpers import HelperPool
+from .helpers import HelperPool, Lent
 from .synthesis import pick_voice
 from .workers import Render, Workers
 
@@ -89,6 +89,11 @@ class Engine:
     def renders(self) -> int:
         """Renders started so far (one per whole text, one per sentence of a streamed one)."""
         return self._renders
+
+    @property
+    def pieces_handed(self) -> int:
+        """Pieces of sentences handed to the helper processes so far."""
+        return 0 if self._helpers is None else self._helpers.handed
 
     @property
     def warm_sweeps(self) -> int:
@@ -176,13 +181,19 @@ class Engine:
         """The steps' chunks, computed on the workers (``daemon.workers``); closing this
         generator stops the computation after the chunk being made."""
         rate = self.composer.sample_rate(voice)
-        helpers = self._helpers
-        render = Render(lambda demand: self.composer.render(steps, options, voice, demand,
-                                                            helpers),
-                        self._workers,
-                        self.settings.queue_chunks, lambda c: len(c.samples) / rate)
+        # Counted before the render can start, so that its lent helpers see the others.
         self._active += 1
         self._renders += 1
+        helpers = None if self._helpers is None else Lent(self._helpers,
+                                                          lambda: self._active <= 1)
+        try:
+            render = Render(lambda demand: self.composer.render(steps, options, voice, demand,
+                                                                helpers),
+                            self._workers,
+                            self.settings.queue_chunks, lambda c: len(c.samples) / rate)
+        except BaseException:
+            self._active -= 1
+            raise
         try:
             while (chunk := await render.get()) is not None:
                 yield chunk

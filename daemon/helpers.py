@@ -27,6 +27,7 @@ import signal
 import socket
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
@@ -164,6 +165,7 @@ class HelperPool:
     def __init__(self, catalog: VoiceCatalog, processes: int) -> None:
         self.catalog = catalog
         self.decoded = 0  # pieces a helper decoded to the end and sent
+        self.handed = 0  # pieces handed to a helper
         self._helpers: list[_Helper] = []
         self._lock = threading.Lock()
         self._next_id = 0
@@ -202,6 +204,7 @@ class HelperPool:
         if not helper.send(("job", job_id, (voice, _plain(job)))):
             helper.forget(job_id)
             return _Refused()
+        self.handed += 1
         return handle
 
     def close(self) -> None:
@@ -234,6 +237,31 @@ class HelperPool:
             _helper_main(theirs, self.catalog)
         theirs.close()
         return _Helper(pid, Connection(ours.detach()))
+
+
+class Lent:
+    """The pool as one synthesis sees it: all its lanes while that synthesis runs alone,
+    none beside others.
+
+    A playing lane that gets to a piece a helper has begun waits for its audio, and that
+    wait holds the engine's worker, which every other synthesis needs for its own windows
+    (``daemon.workers`` orders them by deadline). With helpers shared out to several
+    syntheses, one's piece queued behind another's at a helper, and six 10-second streams
+    at once heard gaps of half a second where one lane alone had none (bench/README.md,
+    "Concurrent streams"). So pieces are handed out only by a synthesis alone; beside
+    others it decodes on the worker, by deadline, and what it handed out before goes on.
+    """
+
+    def __init__(self, pool: HelperPool, alone: Callable[[], bool]) -> None:
+        self.pool = pool
+        self.alone = alone
+
+    @property
+    def lanes(self) -> int:
+        return self.pool.lanes if self.alone() else 1
+
+    def decode(self, model: Vits, job: PieceJob) -> Helping:
+        return self.pool.decode(model, job)
 
 
 class _Refused:

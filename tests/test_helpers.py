@@ -13,7 +13,8 @@ import pytest
 from audio_checks import assert_pcm_close, assert_speech, pcm16
 from sentences import LONG_SENTENCE
 
-from daemon.helpers import HelperPool
+from daemon.engine import Engine, EngineSettings
+from daemon.helpers import HelperPool, Lent
 from tts import SynthesisOptions, to_pcm16
 
 PARAGRAPH = ("The kitchen lights are on. The front door is locked. It will rain after six. "
@@ -78,6 +79,51 @@ def test_a_helper_keeps_no_descriptor_of_herald(synth, pool, tmp_path) -> None: 
             fresh.close()
     assert sorted(int(fd) for fd in fds if int(fd) > 2) == [max(int(fd) for fd in fds)]
     assert len(fds) == 4
+
+
+def test_a_synthesis_lent_no_lanes_hands_nothing_out(synth, pool) -> None:  # type: ignore[no-untyped-def]
+    """Lent beside other syntheses: every piece is decoded by the playing lane."""
+    beside_others = Lent(pool, alone=lambda: False)
+    assert beside_others.lanes == 1
+    assert spoken(synth, PARAGRAPH, beside_others) == spoken(synth, PARAGRAPH, None)
+    assert pool.handed == 0 and pool.decoded == 0
+
+
+def test_lanes_lent_midway_are_used_from_then_on(synth, pool) -> None:  # type: ignore[no-untyped-def]
+    """The others end while a synthesis runs: its later sentences go to the helpers, and
+    the audio is still the same."""
+    others = [True]
+    lent = Lent(pool, alone=lambda: not others[0])
+    chunks = synth.stream(PARAGRAPH, SynthesisOptions(seed=4), lent)
+    audio = [to_pcm16(next(chunks).samples)]
+    assert pool.handed == 0
+    others[0] = False
+    audio += [to_pcm16(c.samples) for c in chunks]
+    assert pool.handed >= 1
+    assert_pcm_close(b"".join(audio), spoken(synth, PARAGRAPH, None))
+
+
+async def test_beside_another_synthesis_the_engine_hands_nothing_out(catalog, synth) -> None:  # type: ignore[no-untyped-def]
+    """A synthesis waiting on a helper holds the worker that every other synthesis needs,
+    so helpers go only to a synthesis that runs alone (``daemon.helpers.Lent``)."""
+    engine = Engine(catalog, EngineSettings(threads=2, workers=1, queue_chunks=1))
+    engine.start_helpers()
+    try:
+        first = engine.stream(LONG_SENTENCE, options=SynthesisOptions(seed=4))
+        async for _ in first:  # alone: once its first window is out, the rest is shared
+            if engine.pieces_handed:
+                break
+        assert engine.pieces_handed == 1  # one sentence, one piece for the one helper
+        beside = b"".join([to_pcm16(c.samples) async for c in engine.stream(
+            LONG_SENTENCE, options=SynthesisOptions(seed=5))])  # while the first is open
+        assert engine.pieces_handed == 1
+        assert_pcm_close(beside, spoken(synth, LONG_SENTENCE, None, seed=5))
+        await first.aclose()
+        async for _ in engine.stream(LONG_SENTENCE, options=SynthesisOptions(seed=6)):
+            pass
+        assert engine.pieces_handed == 2  # alone again: shared again
+    finally:
+        engine.close()
 
 
 def test_closing_ends_the_helpers(catalog, synth) -> None:  # type: ignore[no-untyped-def]

@@ -80,7 +80,7 @@ class _Lanes:
         self.gain, self.first, self.largest = gain, first, largest
         self.pace = pace
         self.wanted = wanted
-        self.helpers = helpers if helpers is not None and helpers.lanes > 1 else None
+        self.helpers = helpers  # asked for its lanes each time: they may come and go
         self.spans: deque[_Span] = deque()
         self.sentences = 0  # priors taken
         self.more = True  # priors may be left
@@ -204,8 +204,8 @@ class _Lanes:
         helpers in pieces (``span`` keeps the first), and the next sentence while they have
         room."""
         span.shared = True
-        if self.helpers is None or span.end is not None:
-            return
+        if self.helpers is None or self.helpers.lanes < 2 or span.end is not None:
+            return  # none to share with: decoded as if there were no helpers at all
         with torch.inference_mode():
             span.latents.fill(sys.maxsize)
         start, frames = (0 if span.piece is None else span.piece.reached), span.latents.frames

@@ -244,7 +244,8 @@ class Helping(Protocol):
 
 class Helpers(Protocol):
     """Lanes that decode pieces of sentences while the lane that plays them decodes others
-    (``tts.lanes``). ``lanes``: how many there are, the playing lane's own included."""
+    (``tts.lanes``). ``lanes``: how many a synthesis may use now, the playing lane's own
+    included; it may change from one call to the next (1: hand out nothing now)."""
 
     @property
     def lanes(self) -> int: ...
