@@ -910,3 +910,27 @@ def test_tls_with_the_brokers_ca_and_with_a_wrong_one(tls_broker: Broker, tmp_pa
     finally:
         for h in heralds.values():
             h.kill()
+
+
+async def test_herald_sends_each_mqtt_packet_at_once(broker: Broker) -> None:
+    """Nagle's algorithm is off on herald's connection: an audio chunk right behind its
+    stream's ``start`` would otherwise wait for the broker's delayed acknowledgement."""
+    import asyncio
+    import socket
+
+    from daemon.fronts.mqtt.connection import Connection
+    from daemon.settings import MqttSettings
+
+    loop = asyncio.get_running_loop()
+    connected = asyncio.Event()
+    conn = Connection("test", MqttSettings(port=broker.port), "127.0.0.1", "herald-nodelay",
+                      topics=lambda: [], call=loop.call_soon_threadsafe,
+                      on_message=lambda msg: None, on_connected=connected.set)
+    conn.start()
+    try:
+        await asyncio.wait_for(connected.wait(), 10)
+        assert conn.client is not None
+        sock = conn.client.socket()
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        await conn.stop()
