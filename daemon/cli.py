@@ -302,7 +302,7 @@ def _cmd_say(args: argparse.Namespace) -> int:
         catalog.synthesizer(label)  # loaded before the helpers fork: they share its weights
         helpers = HelperPool(catalog, lanes - 1)
     chunks = composer.stream(text, "ssml" if args.ssml else "text", opts, args.voice,
-                             helpers=helpers)
+                             helpers=helpers, whole=args.out is not None)
     fmt = AudioFormat(chunks.sample_rate)
     if args.out:
         return _write_wav(args.out, chunks, fmt)

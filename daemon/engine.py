@@ -151,15 +151,18 @@ class Engine:
 
     async def stream(self, text: str, voice: str | None = None,
                      options: SynthesisOptions = SynthesisOptions(),
-                     text_format: TextFormat = "text") -> AsyncGenerator[AudioChunk, None]:
-        """A whole text's chunks as the worker produces them.
+                     text_format: TextFormat = "text",
+                     whole: bool = False) -> AsyncGenerator[AudioChunk, None]:
+        """A whole text's chunks as the worker produces them (``whole``: for a consumer that
+        takes the audio only once it is all made, in the largest windows from the start,
+        ``tts.Synthesizer.stream_sentences``).
 
         Raises ``UnknownVoice`` and ``MarkupError`` (malformed SSML) before any work is
         queued, then whatever the worker raises.
         """
         planner = self.planner(voice, options, text_format)
         async with contextlib.aclosing(self._render(planner.feed(text) + planner.finish(),
-                                                    voice, options)) as chunks:
+                                                    voice, options, whole)) as chunks:
             async for chunk in chunks:
                 yield chunk
 
@@ -176,8 +179,8 @@ class Engine:
                     async for chunk in chunks:
                         yield chunk
 
-    async def _render(self, steps: list[Step], voice: str | None,
-                      options: SynthesisOptions) -> AsyncGenerator[AudioChunk, None]:
+    async def _render(self, steps: list[Step], voice: str | None, options: SynthesisOptions,
+                      whole: bool = False) -> AsyncGenerator[AudioChunk, None]:
         """The steps' chunks, computed on the workers (``daemon.workers``); closing this
         generator stops the computation after the chunk being made."""
         rate = self.composer.sample_rate(voice)
@@ -188,7 +191,7 @@ class Engine:
                                                           lambda: self._active <= 1)
         try:
             render = Render(lambda demand: self.composer.render(steps, options, voice, demand,
-                                                                helpers),
+                                                                helpers, whole),
                             self._workers,
                             self.settings.queue_chunks, lambda c: len(c.samples) / rate)
         except BaseException:

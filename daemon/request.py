@@ -234,6 +234,12 @@ class Request:
     # ones: a fleet job carries its owner's gain and sentence pause (daemon.fleet.worker).
     defaults: SynthesisOptions | None = None
 
+    @property
+    def whole(self) -> bool:
+        """Nobody plays the audio before it is all made: its one consumer is a client that
+        takes it whole (an HTTP WAV, a batch item), with no speaker or MQTT stream beside."""
+        return not self.sinks and self.client is not None and self.client.whole
+
     def options(self, base: SynthesisOptions) -> SynthesisOptions:
         """This request's synthesis options on top of the configured defaults (only the
         fields a request can set are replaced; the rest, pauses included, stay configured)."""

@@ -114,7 +114,7 @@ async def from_text(engine: Synthesis, utt: Utterance, base: SynthesisOptions,
     req = utt.req
     opts = req.options(base)
     if req.stream is None:
-        chunks = engine.stream(req.text, req.voice, opts, req.text_format)
+        chunks = engine.stream(req.text, req.voice, opts, req.text_format, req.whole)
     else:
         planner = engine.planner(req.voice, opts, req.text_format)
         chunks = engine.stream_steps(_arriving(utt, req.stream.steps(planner), progress),

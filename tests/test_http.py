@@ -506,3 +506,16 @@ async def test_too_many_at_once_get_429(start) -> None:  # type: ignore[no-untyp
         assert r.status == 200
     assert srv.ctx.metrics.registry.get_sample_value(
         "herald_requests_total", {"front": "http", "outcome": "busy"}) == 1
+
+
+def test_only_a_client_that_takes_the_audio_whole_gets_it_made_whole() -> None:
+    """``Request.whole`` (largest windows from the start) only where nobody listens before
+    the end: not beside a speaker or an MQTT stream, not for a streaming client."""
+    from daemon.request import Request
+    from daemon.sinks.client import ClientSink
+
+    assert Request(text="x", sinks=(), client=ClientSink("http", whole=True)).whole
+    assert not Request(text="x", sinks=("speaker",), client=ClientSink("http", whole=True)).whole
+    assert not Request(text="x", sinks=("mqtt",), client=ClientSink("http", whole=True)).whole
+    assert not Request(text="x", sinks=(), client=ClientSink("http")).whole
+    assert not Request(text="x", sinks=("speaker",)).whole

@@ -369,6 +369,22 @@ def test_real_voice_streams_exactly_with_noise(synth) -> None:  # type: ignore[n
     assert_speech(audio, synth.sample_rate, min_seconds=6)
 
 
+def test_audio_wanted_whole_is_made_in_the_largest_windows(synth) -> None:  # type: ignore[no-untyped-def]
+    """Nobody plays it before the end: no small first window, a short command in one
+    window, and the same audio as one-shot decoding."""
+    opts = SynthesisOptions(seed=42)
+    short = "Turn on the kitchen lights."
+    whole = [c.samples for c in synth.stream(short, opts, whole=True) if len(c.samples)]
+    assert len(whole) == 1  # under the largest window (96 frames, 1.1 s) and its fold-in
+    assert np.abs(whole[0] - synth.synthesize(short, opts)).max() < 1e-4
+    played = [c.samples for c in synth.stream(short, opts) if len(c.samples)]
+    assert len(played) >= 3  # played as it comes: small first, doubling
+    chunks = [c.samples for c in synth.stream(LONG_SENTENCE, opts, whole=True)]
+    sizes = [len(c) for c in chunks if len(c)]
+    assert min(sizes[:-1]) >= 96 * 256 - 256  # every window but the last is the largest
+    assert np.abs(np.concatenate(chunks) - synth.synthesize(LONG_SENTENCE, opts)).max() < 1e-4
+
+
 def test_sentences_follow_each_other(synth) -> None:  # type: ignore[no-untyped-def]
     opts = SynthesisOptions(seed=1, sentence_silence=0.2)
     chunks = list(synth.stream("First sentence. Second one!", opts))

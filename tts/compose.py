@@ -178,12 +178,14 @@ class Composer:
 
     def render(self, steps: Iterable[Step], options: SynthesisOptions = SynthesisOptions(),
                voice: str | None = None, demand: Demand | None = None,
-               helpers: Helpers | None = None) -> Iterator[ComposedChunk]:
+               helpers: Helpers | None = None, whole: bool = False
+               ) -> Iterator[ComposedChunk]:
         """Audio of the steps, chunk by chunk, at the request voice's rate. ``options`` are
         the request's: its length scale sets the pace of every voice (relative to each
         voice's own default), its speaker applies to the request voice only. ``demand``
         sizes the neural voices' windows beside other syntheses (``tts.stream.Demand``);
-        ``helpers`` decode later pieces of their sentences meanwhile (``tts.pieces``)."""
+        ``helpers`` decode later pieces of their sentences meanwhile (``tts.pieces``);
+        ``whole``: nobody listens before the end (``Synthesizer.stream_sentences``)."""
         primary = self.voice_label(voice)
         rate = self.sample_rate(primary)
         speed = 1.0
@@ -201,13 +203,13 @@ class Composer:
                 yield from self._render_fallback(step, options, speed, rate)
             else:
                 yield from self._render_neural(step, options, speed, rate, generator,
-                                               step.voice == primary, demand, helpers)
+                                               step.voice == primary, demand, helpers, whole)
 
     def stream(self, text: str, fmt: TextFormat = "text",
                options: SynthesisOptions = SynthesisOptions(), voice: str | None = None,
                sentence_pause: float | None = None, paragraph_pause: float | None = None,
-               markup_errors: MarkupErrors = "raise", helpers: Helpers | None = None
-               ) -> Composition:
+               markup_errors: MarkupErrors = "raise", helpers: Helpers | None = None,
+               whole: bool = False) -> Composition:
         """A whole text. Raises UnknownVoice (request voice) and MarkupError (malformed SSML,
         unless ``markup_errors="text"``) before any synthesis; the audio is made as the
         returned iterator is consumed. ``sentence_pause`` defaults to the options'
@@ -217,15 +219,16 @@ class Composer:
             options.paragraph_silence if paragraph_pause is None else paragraph_pause,
             markup_errors)
         steps = planner.feed(text) + planner.finish()
-        return Composition(steps, self.render(steps, options, planner.voice, None, helpers),
+        return Composition(steps, self.render(steps, options, planner.voice, None, helpers,
+                                              whole),
                            self.sample_rate(planner.voice), planner.voice, planner.warnings)
 
     # --- rendering one step ---------------------------------------------------------------
 
     def _render_neural(self, step: Say, options: SynthesisOptions, speed: float, rate: int,
                        generator: torch.Generator | None, is_primary: bool,
-                       demand: Demand | None = None, helpers: Helpers | None = None
-                       ) -> Iterator[ComposedChunk]:
+                       demand: Demand | None = None, helpers: Helpers | None = None,
+                       whole: bool = False) -> Iterator[ComposedChunk]:
         synth = self.catalog.synthesizer(step.voice)
         config = synth.voice.config
         opts = replace(options, length_scale=config.length_scale / (speed * step.rate),
@@ -234,7 +237,7 @@ class Composer:
         resampler = Resampler(config.sample_rate, rate) if config.sample_rate != rate else None
         sentences = synth.sentences(step.text)
         for samples, k, last in synth.stream_sentences(sentences, opts, generator, demand,
-                                                       helpers):
+                                                       helpers, whole):
             if step.gain != 1.0:
                 samples = samples * np.float32(step.gain)
             final = last and k == len(sentences) - 1

@@ -26,8 +26,11 @@ DEPTH = 4
 class ClientSink:
     """One job's audio stream to one client connection, with back-pressure both ways."""
 
-    def __init__(self, name: str, depth: int = DEPTH) -> None:
+    def __init__(self, name: str, depth: int = DEPTH, whole: bool = False) -> None:
         self.name = name  # the sink in the latency record: "http", "wyoming"
+        # The client takes the audio only once it is all made (a WAV with exact sizes, a
+        # batch's ZIP entry): nobody waits for its first chunk.
+        self.whole = whole
         self.fmt: AudioFormat | None = None  # known once the job starts
         self.outcome: str | None = None  # finished | stopped | error, once it ended
         self.error: RequestError | None = None

@@ -90,7 +90,7 @@ async def in_order(api: SpeechApi, items: list[Speech], received: float
 
 async def item_audio(api: SpeechApi, speech: Speech, received: float) -> bytes:
     """One item's audio, encoded as it asked (its job files its latency record)."""
-    job = api.submit(speech, Timeline(received=received))
+    job = api.submit(speech, Timeline(received=received), whole=True)
     try:
         pcm = await api.synthesize_all(job)
     except RequestError as e:

@@ -120,15 +120,16 @@ class SpeechApi:
         return await self.send_stream(request, speech, t,
                                       "herald" if wants_events(request) else None)
 
-    def submit(self, speech: Speech, t: Timeline) -> Request:
-        """The utterance as a job of the scheduler, its audio to come through ``pcm``.
-        Raises RequestError (``busy`` beyond http.max_concurrent)."""
+    def submit(self, speech: Speech, t: Timeline, whole: bool = False) -> Request:
+        """The utterance as a job of the scheduler, its audio to come through ``pcm``
+        (``whole``: taken only once it is all made). Raises RequestError (``busy`` beyond
+        http.max_concurrent)."""
         o = speech.options
         req = Request(text=speech.text, voice=speech.voice, speaker=o.speaker,
                       rate=o.length_scale, noise_scale=o.noise_scale, noise_w=o.noise_w,
                       seed=o.seed, sinks=(), front=self.name,
                       timeline=t, text_format=speech.text_format,
-                      client=ClientSink(self.name))
+                      client=ClientSink(self.name, whole=whole))
         self.ctx.scheduler.submit(req)
         return req
 
@@ -153,7 +154,7 @@ class SpeechApi:
 
     async def send_whole(self, request: web.Request, speech: Speech,
                          t: Timeline) -> web.Response:
-        req = self.submit(speech, t)
+        req = self.submit(speech, t, whole=True)
         fmt = self.ctx.engine.audio_format(speech.voice)
         body = await encode_whole(speech.response_format, fmt, await self.synthesize_all(req))
         return web.Response(body=body, headers=self.audio_headers(
