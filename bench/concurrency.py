@@ -31,6 +31,7 @@ from wyoming.tts import Synthesize, SynthesizeVoice
 
 from bench.engine import COOL_DOWN
 from bench.listening import played
+from bench.machine import describe
 from bench.wyoming_bench import CASES, SERVERS, TIMEOUT, VOICE, start_servers, wait_ready
 
 TEXT = CASES["long sentence"]
@@ -101,12 +102,14 @@ async def run(counts: list[int], repeats: int, threads: int | None = None) -> di
                 p.terminate()
             for p in procs:
                 p.wait(10)
-    return {"repeats": repeats, "threads": threads, "cpus": os.cpu_count(),
+    return {"repeats": repeats, "threads": threads, "machine": describe(),
+            "cpus": os.cpu_count(),
             "load_before": round(load_before, 2), "load_after": round(load_after, 2),
             "results": rows}
 
 
 def print_table(result: dict[str, Any]) -> None:
+    print(result["machine"])
     print(f"Concurrent 10-second streams through Wyoming, medians of {result['repeats']} rounds "
           f"(worst stream of each), {result['cpus']} CPUs, load {result['load_before']:.2f} "
           f"-> {result['load_after']:.2f}")

@@ -29,6 +29,7 @@ import zipfile
 from typing import Any
 
 from bench.engine import COOL_DOWN, LONG, SHORT, _piper
+from bench.machine import describe
 from bench.net import free_port, wait_port
 
 TEXTS = {"short": SHORT, "long": LONG}
@@ -142,7 +143,7 @@ async def run(items: int, repeats: int) -> dict[str, Any]:
         return statistics.median(xs)
 
     return {
-        "items": items, "repeats": repeats, "cpus": os.cpu_count(),
+        "items": items, "repeats": repeats, "machine": describe(), "cpus": os.cpu_count(),
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in load_after],
         "first_bytes": [{"case": case, "format": fmt,
@@ -156,6 +157,7 @@ async def run(items: int, repeats: int) -> dict[str, Any]:
 
 
 def print_table(result: dict[str, Any]) -> None:
+    print(result["machine"])
     print(f"{result['cpus']} cpus, load {result['load_before']} -> {result['load_after']}, "
           f"medians of {result['repeats']}")
     print(f"{'/tts/stream':<12} {'format':<6} {'first bytes':>12} {'done':>10}")

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.engine import COOL_DOWN, LONG, SHORT
+from bench.machine import describe
 from bench.wyoming_bench import SERVERS, request, start_servers, wait_ready
 
 TEXTS = {"short": SHORT, "long": LONG}
@@ -93,7 +94,8 @@ def _ratios(h: dict[str, dict[str, float]], p: dict[str, dict[str, float]]
 
 
 async def run(levels: list[int], repeats: int) -> dict[str, Any]:
-    result: dict[str, Any] = {"repeats": repeats, "cpus": os.cpu_count(), "levels": {}}
+    result: dict[str, Any] = {"repeats": repeats, "machine": describe(),
+                              "cpus": os.cpu_count(), "levels": {}}
     with tempfile.TemporaryDirectory(prefix="load-bench-") as tmp:
         ports, procs = start_servers(Path(tmp), None, "auto")
         try:
@@ -132,6 +134,7 @@ def _figures_of(t: dict[str, float]) -> dict[str, float]:
 
 
 def print_table(result: dict[str, Any]) -> None:
+    print(result["machine"])
     print(f"herald vs references under load, medians of {result['repeats']}, "
           f"{result['cpus']} CPUs; defaults on both sides")
     head = (f"{'busy':>4} {'path':8} {'text':6} {'figure':12} {'herald':>9} {'reference':>10} "
