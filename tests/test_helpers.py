@@ -85,7 +85,8 @@ def test_a_synthesis_lent_no_lanes_hands_nothing_out(synth, pool) -> None:  # ty
     """Lent beside other syntheses: every piece is decoded by the playing lane."""
     beside_others = Lent(pool, alone=lambda: False)
     assert beside_others.lanes == 1
-    assert spoken(synth, PARAGRAPH, beside_others) == spoken(synth, PARAGRAPH, None)
+    # (windows follow the pace of the moment, so equal to within rounding, not bit for bit)
+    assert_pcm_close(spoken(synth, PARAGRAPH, beside_others), spoken(synth, PARAGRAPH, None))
     assert pool.handed == 0 and pool.decoded == 0
 
 
