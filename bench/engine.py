@@ -92,9 +92,11 @@ def _timed(chunks: Callable[[str], Iterable[np.ndarray]], rate: int,
     return once
 
 
-def _herald(threads: int | None, keep_warm: KeepWarm = "auto") -> tuple[Timed, bool]:
-    """herald as the daemon runs it (``threads`` None: its default), and whether its warmer
-    sweeps while idle."""
+def _herald(threads: int | None, keep_warm: KeepWarm = "auto"
+            ) -> tuple[Timed, Timed, bool]:
+    """herald as the daemon runs it (``threads`` None: its default): streaming to a listener,
+    and making audio nobody plays before the end (``whole``, as for an HTTP WAV); and whether
+    its warmer sweeps while idle."""
     from daemon.helpers import HelperPool
     from tts import SynthesisOptions, VoiceCatalog, default_threads, prepare_process
     from tts.warm import Warmer
@@ -109,11 +111,15 @@ def _herald(threads: int | None, keep_warm: KeepWarm = "auto") -> tuple[Timed, b
     if helpers is not None:
         atexit.register(helpers.close)
     opts = SynthesisOptions()
+    cpu = _cpu_of(lambda: helpers.pids if helpers else [])
     once = _timed(lambda text: (c.samples for c in synth.stream(text, opts, helpers)),
-                  synth.sample_rate, _cpu_of(lambda: helpers.pids if helpers else []))
+                  synth.sample_rate, cpu)
+    whole = _timed(lambda text: (c.samples for c in synth.stream(text, opts, helpers,
+                                                                 whole=True)),
+                   synth.sample_rate, cpu)
     _herald_processes[:] = [os.getpid(), *(helpers.pids if helpers else [])]
     if keep_warm == "off":
-        return once, False
+        return once, whole, False
     busy = threading.Event()  # as the daemon's engine: no sweep while it speaks
     runs = [0]  # as the engine's renders: the warmer relearns weights and code after them
     warmer = Warmer(lambda: [synth.model], busy=busy.is_set, generation=lambda: runs[0])
@@ -121,15 +127,17 @@ def _herald(threads: int | None, keep_warm: KeepWarm = "auto") -> tuple[Timed, b
     atexit.register(warmer.stop)
     warmer.decided.wait()  # measure herald as it will run: with or without the sweeps
 
-    def speaking(text: str) -> Run:
-        busy.set()
-        try:
-            return once(text)
-        finally:
-            runs[0] += 1
-            busy.clear()
+    def speaking(how: Timed) -> Timed:
+        def run(text: str) -> Run:
+            busy.set()
+            try:
+                return how(text)
+            finally:
+                runs[0] += 1
+                busy.clear()
+        return run
 
-    return speaking, warmer.sweeping
+    return speaking(once), speaking(whole), warmer.sweeping
 
 
 def _default_voice_model() -> Path:
@@ -163,8 +171,8 @@ def _piper(threads: int | None, model: Path | None = None) -> Timed:
 def _timing(threads: int | None, repeats: int, keep_warm: KeepWarm = "auto"
             ) -> dict[str, Any]:
     """Both engines in one process, alternating run by run, so load drifts hit both alike."""
-    herald, sweeping = _herald(threads, keep_warm)
-    engines = {"herald": herald, "piper": _piper(threads)}
+    herald, whole, sweeping = _herald(threads, keep_warm)
+    engines = {"herald": herald, "herald_whole": whole, "piper": _piper(threads)}
     for once in engines.values():
         once(SHORT)  # warm-up
     raw: dict[str, dict[str, list[Run]]] = {
@@ -234,7 +242,7 @@ def _idle_cpu(seconds: float) -> None:
 
 
 def _idle_cpu_of(mode: KeepWarm, seconds: float) -> None:
-    speak, _ = _herald(1, mode)
+    speak, _, _ = _herald(1, mode)
     speak(SHORT)
     time.sleep(3)  # the sweeps learn what the sentence ran
     before = resource.getrusage(resource.RUSAGE_SELF)
@@ -275,7 +283,7 @@ def main(repeats: int = 5, threads: list[int] | None = None, as_json: bool = Fal
                 side[k] = statistics.median(f[k] for f in figures)
         rtf_h, rtf_p = h["long"]["rtf"], p["long"]["rtf"]
         results[f"threads_{n}"] = {
-            "herald": h, "piper": p,
+            "herald": h, "herald_whole": timing["herald_whole"], "piper": p,
             "rtf_herald": round(rtf_h, 4), "rtf_piper": round(rtf_p, 4),
             "first_audio_short_ratio": round(h["short"]["first_audio_ms"]
                                              / p["short"]["first_audio_ms"], 3),
@@ -304,13 +312,15 @@ def main(repeats: int = 5, threads: list[int] | None = None, as_json: bool = Fal
     print(f"{'threads':>7} {'figure':<28} {'herald':>10} {'piper-tts':>10} {'ratio':>7}")
     for key, r in results.items():
         label = key.split("_")[1]
-        h, p = r["herald"], r["piper"]
+        h, w, p = r["herald"], r["herald_whole"], r["piper"]
         rows = [("first audio, short (ms)", h["short"]["first_audio_ms"],
                  p["short"]["first_audio_ms"]),
                 ("first audio, long (ms)", h["long"]["first_audio_ms"],
                  p["long"]["first_audio_ms"]),
                 ("all of it, short (ms)", h["short"]["total_ms"], p["short"]["total_ms"]),
                 ("all of it, long (ms)", h["long"]["total_ms"], p["long"]["total_ms"]),
+                ("made whole, short (ms)", w["short"]["total_ms"], p["short"]["total_ms"]),
+                ("made whole, long (ms)", w["long"]["total_ms"], p["long"]["total_ms"]),
                 ("real-time factor, long", r["rtf_herald"], r["rtf_piper"]),
                 ("CPU s per s of speech, short", h["short"]["cpu_per_audio_s"],
                  p["short"]["cpu_per_audio_s"]),
