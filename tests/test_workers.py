@@ -291,12 +291,11 @@ def test_one_worker_and_the_cores_for_each_synthesis_unless_set() -> None:
 
 async def test_streams_starting_together_get_windows_that_last_through_the_others(
         catalog) -> None:
-    """One worker, three streams of the long sentence asked for at once. Alone, a stream
-    starts with its small first window (a tenth of a second: the first audio as early as
-    can be). Together, the first one's first window is made to last while the two others
-    get their first audio (each costs it an encoder pass over the whole sentence), so no
-    listener runs dry meanwhile; and whatever the windows, each stream's audio is the lone
-    one's (same seed; to float rounding, as any two window plans)."""
+    """One worker, three streams of the long sentence asked for at once, the real engine.
+    Alone, a stream starts with its small first window (a tenth of a second: the first audio
+    as early as can be); together, the first one's first window is never smaller; and
+    whatever the windows, each stream's audio is the lone one's (same seed; to float
+    rounding, as any two window plans)."""
     from sentences import LONG_SENTENCE
 
     from daemon.engine import Engine, EngineSettings
@@ -315,10 +314,48 @@ async def test_streams_starting_together_get_windows_that_last_through_the_other
         engine.close(join=2.0)
     rate = engine.audio_format().rate
     assert len(alone[0]) / rate < 0.15
-    assert len(together[0][0]) / rate > 2 * len(alone[0]) / rate
+    # How much longer depends on what the others' first steps cost on this host (a fast one
+    # may need no more); the rule itself, with given costs, is the test after this one.
+    assert len(together[0][0]) >= len(alone[0])
     reference = np.concatenate(alone)
     assert len(reference) / rate > 5
     for chunks in together:
         joined = np.concatenate(chunks)
         assert len(joined) == len(reference)
         assert np.abs(joined - reference).max() < 1e-4
+
+
+async def test_a_first_window_is_asked_to_last_while_the_others_start(workers) -> None:
+    """The rule behind the test above, with the costs given rather than measured on this
+    host: three streams start together, a new stream's first step estimated at 0.2 s. The
+    first one's first window is asked to hold what lasts while the two others make theirs
+    (``daemon.deadlines.least_audio`` of 0.4 s ahead); a stream alone is asked nothing."""
+    from daemon.deadlines import least_audio
+
+    pool = workers(1)
+    pool.first_cost = 0.2  # the estimate the pool would have measured
+    asked: dict[str, list[float | None]] = {"a": [], "b": [], "c": [], "alone": []}
+    others_queued = threading.Event()
+
+    def stream(tag: str) -> Callable[[Callable[[], float | None]], Iterator[int]]:
+        def steps(demand: Callable[[], float | None]) -> Iterator[int]:
+            if tag == "a":  # the others are queued before its first window is sized
+                assert others_queued.wait(10)
+            for i in range(2):
+                asked[tag].append(demand())
+                yield i
+        return steps
+
+    a = Render(stream("a"), pool, limit=100, seconds=lambda _: 0.1)
+    b = Render(stream("b"), pool, limit=100, seconds=lambda _: 0.1)
+    c = Render(stream("c"), pool, limit=100, seconds=lambda _: 0.1)
+    others_queued.set()
+    await asyncio.gather(take_all(a), take_all(b), take_all(c))
+    first = asked["a"][0]
+    assert first is not None
+    assert first == pytest.approx(least_audio(2 * 0.2, 0.0, None, playing=False))
+    assert first >= 2 * 0.2  # at least the others' first steps
+
+    alone = Render(stream("alone"), pool, limit=100, seconds=lambda _: 0.1)
+    await take_all(alone)
+    assert asked["alone"][0] is None
