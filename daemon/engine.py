@@ -184,25 +184,23 @@ class Engine:
         """The steps' chunks, computed on the workers (``daemon.workers``); closing this
         generator stops the computation after the chunk being made."""
         rate = self.composer.sample_rate(voice)
+        helpers = None if self._helpers is None else Lent(self._helpers,
+                                                          lambda: self._active <= 1)
         # Counted before the render can start, so that its lent helpers see the others.
         self._active += 1
         self._renders += 1
-        helpers = None if self._helpers is None else Lent(self._helpers,
-                                                          lambda: self._active <= 1)
         try:
             render = Render(lambda demand: self.composer.render(steps, options, voice, demand,
                                                                 helpers, whole),
                             self._workers,
                             self.settings.queue_chunks, lambda c: len(c.samples) / rate)
-        except BaseException:
-            self._active -= 1
-            raise
-        try:
-            while (chunk := await render.get()) is not None:
-                yield chunk
+            try:
+                while (chunk := await render.get()) is not None:
+                    yield chunk
+            finally:
+                render.close()
         finally:
             self._active -= 1
-            render.close()
 
     def rest(self) -> None:
         """Nothing is in hand (no job queued, synthesizing or playing): in ``REST_AFTER``

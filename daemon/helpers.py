@@ -245,11 +245,11 @@ class Lent:
 
     A playing lane that gets to a piece a helper has begun waits for its audio, and that
     wait holds the engine's worker, which every other synthesis needs for its own windows
-    (``daemon.workers`` orders them by deadline). With helpers shared out to several
-    syntheses, one's piece queued behind another's at a helper, and six 10-second streams
-    at once heard gaps of half a second where one lane alone had none (bench/README.md,
-    "Concurrent streams"). So pieces are handed out only by a synthesis alone; beside
-    others it decodes on the worker, by deadline, and what it handed out before goes on.
+    (``daemon.workers`` orders them by deadline). Shared out to several syntheses, one's
+    piece would queue behind another's at a helper while its lane held the worker, and
+    concurrent streams would hear gaps (bench/README.md, "Concurrent streams"). So pieces
+    are handed out only by a synthesis alone; beside others it decodes on the worker, by
+    deadline, and what it handed out before goes on.
     """
 
     def __init__(self, pool: HelperPool, alone: Callable[[], bool]) -> None:

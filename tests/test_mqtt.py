@@ -9,9 +9,11 @@ on the MQTT audio sink; tests/test_scheduler.py covers the parallel case.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -40,8 +42,10 @@ from mqtt_client import BASE, DEVICE, Client, Msg
 from paho.mqtt.enums import CallbackAPIVersion
 from synthetic_voice import VARIANTS, export_like_piper, random_model
 
+from daemon.fronts.mqtt.connection import Connection
 from daemon.fronts.mqtt.hermes import decode_wav
 from daemon.request import Limits, RequestError, parse_say, parse_stream_piece
+from daemon.settings import MqttSettings
 from tts import AudioFormat, SynthesisOptions, wav_bytes
 from tts.audio import wav_stream_header
 
@@ -915,12 +919,6 @@ def test_tls_with_the_brokers_ca_and_with_a_wrong_one(tls_broker: Broker, tmp_pa
 async def test_herald_sends_each_mqtt_packet_at_once(broker: Broker) -> None:
     """Nagle's algorithm is off on herald's connection: an audio chunk right behind its
     stream's ``start`` would otherwise wait for the broker's delayed acknowledgement."""
-    import asyncio
-    import socket
-
-    from daemon.fronts.mqtt.connection import Connection
-    from daemon.settings import MqttSettings
-
     loop = asyncio.get_running_loop()
     connected = asyncio.Event()
     conn = Connection("test", MqttSettings(port=broker.port), "127.0.0.1", "herald-nodelay",

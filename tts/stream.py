@@ -102,8 +102,8 @@ class Synthesizer:
         ``whole``: nobody plays the audio before it is all made (a WAV file, a batch item),
         so no window is made small for an early first chunk: every one is as large as
         windows get, and a short command is decoded in one. Each window costs a few
-        milliseconds besides its frames; the small first ones made a short command's
-        audio take 1.3-1.4x as long as decoding it at once."""
+        milliseconds besides its frames: small first windows make a short command's audio
+        take about 1.2x as long as decoding it at once (bench/README.md)."""
         frame_seconds = self.model.config.hop_length / self.sample_rate
 
         def priors() -> Iterator[Prior]:

@@ -260,6 +260,6 @@ def _no_delay(client: mqtt.Client, userdata: Any, sock: Any) -> None:
 
     With it on, a packet waits while the one before it is unacknowledged, and a broker
     acknowledges a QoS 0 publish only with TCP's delayed ACK, up to 40 ms on Linux: an audio
-    stream's first chunk, right behind its ``start``, came that much later."""
+    stream's first chunk, right behind its ``start``, would come that much later."""
     with contextlib.suppress(OSError, AttributeError):  # not a TCP socket: nothing to do
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
