@@ -17,10 +17,11 @@ from synthetic_voice import VARIANTS, random_model
 
 from tts import SynthesisOptions
 from tts.lanes import Prior, decode_sentences
-from tts.pace import Pace
-from tts.pieces import HelperFailed, Helping, PieceJob
+from tts.pace import Pace, next_end
+from tts.pieces import HelperFailed, Helping, Latents, PieceJob
 from tts.stream import MIN_PIECE, decode_windows
 from tts.vits import Vits
+from tts.vits.model import PriorParts
 
 
 class Done:
@@ -246,6 +247,71 @@ def test_a_window_grows_to_what_the_buffered_audio_pays_for() -> None:
     assert pace.size(16, 500, asked=40) == 40  # others wait: what they ask, no more
     pace.ran(frames=10, seconds=1.0)  # the machine got slow: 0.1 s a frame
     assert pace.size(16, 500, None) == 16 and pace.affordable() == 9
+
+
+def test_a_sentences_last_frames_are_folded_into_the_window_the_buffer_pays_for() -> None:
+    """10 ms of audio a frame, 1 ms a frame to make it, 0.08 s handed out: a window of 30
+    frames may take on 50 more and still be done before the listener runs dry; a tail of
+    51 is a window of its own. Before any audio is out, only a sliver is folded."""
+    clock = StepClock()
+    pace = Pace(0.01, clock=clock, margin=0.05)
+    assert pace.foldable(8) == 0
+    pace.ran(frames=8, seconds=0.008)
+    pace.out(8 * 160, sample_rate=16000)
+    assert pace.size(16, 500, None) == 30 and pace.foldable(30) == 50
+    assert next_end(0, 30, pace.foldable(30), 80, complete=True) == 80
+    assert next_end(0, 30, pace.foldable(30), 81, complete=True) == 30
+    assert next_end(0, 30, pace.foldable(30), 80, complete=False) == 30  # length unknown
+    clock.now = 0.05  # 0.03 s left to play: 30 frames' worth
+    assert pace.foldable(16) == 14
+
+
+def test_a_sentence_is_known_whole_once_its_last_part_is_joined() -> None:
+    """The prior's parts say which is the last: the sentence's length is known as soon as
+    it is joined, without asking for one more (which, after the head, would compute the
+    rest at once)."""
+    model = random_model(VARIANTS["medium"])
+    ids = torch.randint(1, model.config.n_vocab, (1, 260),
+                        generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        parts = model.prior_parts(ids, None, 0.667, 1.0, 0.8, head=16)
+        latents = Latents(parts)
+        head = latents.fill(1)
+        assert not latents.complete and not parts.done
+        total = latents.fill(head + 1)
+        assert latents.complete and parts.done and total > head
+        listed = Latents([torch.zeros(1, 192, 5), torch.zeros(1, 192, 7)])
+        assert listed.fill(1) == 5 and not listed.complete
+        assert listed.fill(6) == 12 and listed.complete
+
+
+def test_the_flow_runs_ahead_in_large_pushes_once_the_sentence_is_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long sentence's prior comes in two parts; once the second is joined, the flow is
+    pushed far ahead of the generator's windows (fewer, larger matrix products) while the
+    audio out pays for it, and the chunks still join into the one-shot audio."""
+    from tts import flow_stream
+
+    model = random_model(VARIANTS["medium"])
+    torch.manual_seed(6)
+    z_p = torch.randn(1, model.config.inter_channels, 400)
+    with torch.inference_mode():
+        whole = np.clip(model.decode(z_p, None)[0, 0].numpy(), -1, 1)
+    pushes: list[int] = []
+    push = flow_stream.StreamingFlow.push
+
+    def counted(self: flow_stream.StreamingFlow, x: torch.Tensor,
+                final: bool = False) -> torch.Tensor:
+        pushes.append(x.shape[-1])
+        return push(self, x, final)
+
+    monkeypatch.setattr(flow_stream.StreamingFlow, "push", counted)
+    parts = PriorParts(iter([(z_p[..., :100], False), (z_p[..., 100:], True)]))
+    chunks = [c for c, _, _ in decode_sentences(
+        model, [(parts, None)], largest=32, pace=Pace(256 / 22050, clock=lambda: 0.0))]
+    assert np.abs(np.concatenate(chunks) - whole).max() < 1e-4
+    assert len(chunks) >= 400 // 32 and len(pushes) <= len(chunks) // 2, (pushes, len(chunks))
+    assert max(pushes) > 32
 
 
 def test_a_paced_stream_makes_fewer_windows_and_the_same_audio(synth) -> None:  # type: ignore[no-untyped-def]

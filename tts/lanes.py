@@ -143,7 +143,12 @@ class _Lanes:
         size = self.pace.size(self.planned, self.largest, asked) if playing else self.largest
         latents = span.latents
         limit = latents.frames if piece.end is None else piece.end
-        end = next_end(piece.reached, size, self.first, limit,
+        # The tail folded in: what the buffered audio pays for, up to the largest window,
+        # while nothing else waits (a window the others were not told of would delay them);
+        # else less than a first one.
+        fold = (min(self.pace.foldable(size), self.largest - size)
+                if playing and asked is None else 0)
+        end = next_end(piece.reached, size, max(self.first - 1, fold), limit,
                        latents.complete or piece.end is not None)
         before, started = piece.reached, self.pace.clock()
         ahead = 0 if asked is not None else self.pace.flow_ahead(FLOW_AHEAD, piece.flow_ran)

@@ -62,6 +62,15 @@ class Pace:
             return min(largest, max(planned, self.affordable()))
         return min(largest, max(planned, asked))
 
+    def foldable(self, size: int) -> int:
+        """Frames a window of ``size`` may take on beyond it and still be done before the
+        audio handed out runs out (the margin spent), at the last window's pace; 0 before
+        any. A sentence's last few frames are folded into the window before them rather than
+        made a window of their own, which would cost a window's fixed overhead."""
+        if self.per_frame is None or self.first_out is None:
+            return 0
+        return max(0, int(min(self.buffered() / max(self.per_frame, 1e-6), 1e9)) - size)
+
     def flow_ahead(self, cap: int, flow_ran: tuple[int, float] | None) -> int:
         """Frames the flow may run ahead of what the next window needs: what half of the
         buffered audio pays for at the flow's last measured pace (``flow_ran``: frames,
@@ -94,11 +103,11 @@ def in_frames(seconds: float | None, frame_seconds: float) -> int | None:
     return None if seconds is None else math.ceil(max(0.0, seconds) / frame_seconds)
 
 
-def next_end(start: int, size: int, first: int, frames: int, complete: bool) -> int:
-    """Where a window of ``size`` frames from ``start`` ends; a tail shorter than ``first``
-    left after it (once the sentence's length is known) is folded in rather than decoded as
-    a sliver of its own."""
+def next_end(start: int, size: int, fold: int, frames: int, complete: bool) -> int:
+    """Where a window of ``size`` frames from ``start`` ends; a tail of at most ``fold``
+    frames left after it (once the sentence's length is known) is folded in rather than
+    decoded as a sliver of its own."""
     end = start + size
-    if complete and frames - end < first:
+    if complete and frames - end <= fold:
         end = frames
     return min(end, frames)

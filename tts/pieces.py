@@ -21,6 +21,7 @@ gets there, the playing lane takes the piece back and decodes it itself.
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from collections import deque
@@ -54,7 +55,8 @@ class Latents:
 
     def fill(self, frames: int) -> int:
         """Joins parts until ``frames`` are here or there are no more; returns how many are.
-        Call under ``torch.inference_mode``."""
+        Call under ``torch.inference_mode``. Complete as soon as the last part is joined,
+        where the parts say which is the last (``PriorParts``, a list)."""
         with self._lock:
             while not self.complete and self.frames < frames:
                 part = next(self._parts, None)
@@ -63,6 +65,7 @@ class Latents:
                     break
                 part = nhwc(part)  # the layout both halves work in: every window is contiguous
                 self.z = part if self.z is None else torch.cat([self.z, part], dim=-1)
+                self.complete = operator.length_hint(self._parts, -1) == 0
             return self.frames
 
     @property

@@ -21,6 +21,33 @@ from .flow import ResidualCouplingBlock
 PRIOR_HEAD = 48
 
 
+class PriorParts(Iterator[Tensor]):
+    """A sentence's prior latent in parts along time (``Vits.prior_parts``), each computed
+    when it is taken.
+
+    ``len_hint`` says 0 once the last part has been taken: whoever joins them then knows the
+    sentence's whole length, without asking for a part that is not there (asked after the
+    head, that would compute all the rest at once). Knowing it, the flow may run ahead of
+    the generator in large pushes (``tts.pieces.Piece``).
+    """
+
+    def __init__(self, parts: Iterator[tuple[Tensor, bool]]) -> None:
+        self._parts = parts
+        self.done = False  # the last part has been taken
+
+    def __iter__(self) -> PriorParts:
+        return self
+
+    def __next__(self) -> Tensor:
+        if self.done:
+            raise StopIteration
+        part, self.done = next(self._parts)
+        return part
+
+    def __length_hint__(self) -> int:
+        return 0 if self.done else 1
+
+
 class Vits(nn.Module):
     """Everything a Piper voice holds. ``tts.stream`` drives the halves separately."""
 
@@ -52,7 +79,7 @@ class Vits(nn.Module):
     def prior_parts(self, ids: Tensor, g: Tensor | None, noise_scale: float,
                     length_scale: float, noise_w: float,
                     generator: torch.Generator | None = None, head: int = PRIOR_HEAD
-                    ) -> Iterator[Tensor]:
+                    ) -> PriorParts:
         """``prior``'s latent in parts along time, the later ones computed when asked for.
 
         The text encoder attends over the whole sentence, but a log-duration depends only on
@@ -62,6 +89,13 @@ class Vits(nn.Module):
         the rest follows. Each part draws its own noise: the parts joined are what
         ``prior`` returns, whether or not anything ran in between.
         """
+        return PriorParts(self._prior_parts(ids, g, noise_scale, length_scale, noise_w,
+                                            generator, head))
+
+    def _prior_parts(self, ids: Tensor, g: Tensor | None, noise_scale: float,
+                     length_scale: float, noise_w: float, generator: torch.Generator | None,
+                     head: int) -> Iterator[tuple[Tensor, bool]]:
+        """The parts of ``prior_parts``, each with whether it is the last."""
         x, m_p, logs_p = self.enc_p(ids[0])
         n = x.shape[0]
         noise = (torch.randn(1, 2, n, generator=generator) * noise_w)[0].t()
@@ -80,7 +114,7 @@ class Vits(nn.Module):
             m = torch.repeat_interleave(m_p[a:b], durations, dim=0).t()[None]
             logs = torch.repeat_interleave(logs_p[a:b], durations, dim=0).t()[None]
             eps = torch.randn(m.shape, generator=generator)
-            yield (m + eps * torch.exp(logs) * noise_scale).contiguous()
+            yield (m + eps * torch.exp(logs) * noise_scale).contiguous(), b == n
 
     def log_durations(self, x: Tensor, noise: Tensor, g: Tensor | None, a: int, b: int
                       ) -> Tensor:
