@@ -115,6 +115,9 @@ class Pool:
         rid = job.req.id
         try:
             await job.run()
+            if job.stopped:
+                events({"event": "stopped", "id": rid})
+                return
         except RequestError as e:
             log.warning("fleet: announcement %s failed: %s", rid, e)
             events({"event": "error", "id": rid, "error": str(e), "code": e.code})
@@ -129,10 +132,10 @@ class Pool:
     def stop_announcements(self, group: str, job_id: str | None = None) -> list[str]:
         """Cancel this node's announcements to ``group`` (one, or all); the ids."""
         stopped = []
-        for rid, task in list(self._announcements.items()):
+        for rid in list(self._announcements):
             sup = self.jobs.get(rid)
             if sup is not None and sup.group == group and job_id in (None, rid):
-                task.cancel()
+                sup.stop()
                 stopped.append(rid)
         return stopped
 
@@ -232,6 +235,7 @@ class Supervisor:
         self.lost: tuple[str, int] | None = None  # a worker gone silent, and from which chunk
         self.failure: RequestError | None = None
         self.started = False
+        self.stopped = False  # a stop cut it short (``stop``)
         opts = req.options(pool.synthesis())
         seed = req.seed if req.seed is not None else secrets.randbelow(SEED_RANGE[1] + 1)
         # The wire's gain must be above 0: a request at volume 0 is sent at -80 dB.
@@ -248,9 +252,18 @@ class Supervisor:
 
     # ------------------------------------------------------------------ the supervision
 
+    def stop(self) -> None:
+        """Cut the job short: ``run`` returns at once and the worker is told to cancel.
+
+        A flag, not a cancellation of the task that runs it: under Python 3.11 a cancel
+        that meets the wake-up of a chunk arriving at that moment is lost inside
+        ``asyncio.wait_for``, and the job then ran to its end, its worker never told."""
+        self.stopped = True
+        self._wake.set()
+
     async def run(self) -> None:
-        """Until the audio is here whole; raises RequestError when the job cannot be
-        done (after the incoming audio has been told so)."""
+        """Until the audio is here whole, or ``stop``; raises RequestError when the job
+        cannot be done (after the incoming audio has been told so)."""
         pool, rid = self.pool, self.req.id
         pool.jobs[rid] = self
         pool.link.subscribe(pool.topics.job_state(rid), pool._on_state)
@@ -258,7 +271,7 @@ class Supervisor:
                   if self.req.stream is not None else None)
         try:
             self._send()
-            while not self.incoming.complete:
+            while not self.incoming.complete and not self.stopped:
                 if self.failure is not None:
                     raise self.failure
                 if not self.started and self.incoming.start is not None:
