@@ -212,11 +212,15 @@ class HelperPool:
         for h in self._helpers:
             h.closing = True
             h.send(("stop", 0, None))
-            with contextlib.suppress(OSError):
-                h.conn.close()
         for h in self._helpers:
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(h.pid, 0)
+            # Its reader has met the end of the connection by now: closed under a reader
+            # still inside ``recv``, the connection fails there with a TypeError.
+            if h._reader.is_alive():
+                h._reader.join(timeout=1.0)
+            with contextlib.suppress(OSError):
+                h.conn.close()
         self._helpers.clear()
 
     def _voice_of(self, model: Vits) -> str | None:

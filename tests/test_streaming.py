@@ -266,6 +266,28 @@ def test_a_sentences_last_frames_are_folded_into_the_window_the_buffer_pays_for(
     assert pace.foldable(16) == 14
 
 
+def test_the_next_sentence_is_handed_out_after_the_first_audio() -> None:
+    """A short first sentence (its prior whole at once) is cut for the helpers before its
+    first window, but the next sentence, whose prior would be computed here to hand it
+    out, waits until the first audio is out."""
+    model = random_model(VARIANTS["medium"])
+    torch.manual_seed(8)
+    taken: list[str] = []
+    first_out: list[int] = []
+
+    def priors() -> Iterator[Prior]:
+        for k, frames in enumerate((120, 80)):
+            taken.append(f"prior {k}")
+            yield torch.randn(1, model.config.inter_channels, frames), None
+
+    helpers = Inline(2)
+    for _chunk in decode_sentences(model, priors(), helpers=helpers):
+        if not first_out:
+            first_out.append(len(taken))
+    assert first_out == [1], taken  # only the first sentence's prior before its first audio
+    assert taken == ["prior 0", "prior 1"] and helpers.offered >= 2
+
+
 def test_a_sentence_is_known_whole_once_its_last_part_is_joined() -> None:
     """The prior's parts say which is the last: the sentence's length is known as soon as
     it is joined, without asking for one more (which, after the head, would compute the

@@ -85,6 +85,7 @@ class _Lanes:
         self.sentences = 0  # priors taken
         self.more = True  # priors may be left
         self.planned = first  # the playing lane's next planned window
+        self.hand_out_later = False  # a sentence is to be handed out after this first window
         self.sample_rate = max(1, round(model.config.hop_length / pace.frame_seconds))
 
     # --- the playing lane -----------------------------------------------------------------
@@ -125,7 +126,8 @@ class _Lanes:
         span = _Span(k, latents, g, 0, None)
         self.spans.append(span)
         if latents.complete:  # a short sentence's prior is whole already: share it now
-            self._share(span)
+            self._share(span, hand_out=False)  # the next sentence once its first audio is out
+            self.hand_out_later = True
         return True
 
     def _window(self, span: _Span, playing: bool) -> None:
@@ -139,6 +141,9 @@ class _Lanes:
         piece = span.piece
         if piece.steps and span.start == 0 and not span.shared:
             self._share(span)  # the first window is out: the rest of the sentence is wanted
+        elif piece.steps and self.hand_out_later:
+            self.hand_out_later = False
+            self._hand_out()
         asked = self.wanted() if playing and self.wanted is not None else None
         size = self.pace.size(self.planned, self.largest, asked) if playing else self.largest
         latents = span.latents
@@ -203,11 +208,12 @@ class _Lanes:
 
     # --- what the helpers get -------------------------------------------------------------
 
-    def _share(self, span: _Span) -> None:
+    def _share(self, span: _Span, hand_out: bool = True) -> None:
         """Once a sentence's prior is whole (at once for a short one, after the first
         window for a long one): hand what the playing lane has not decoded of it to the
-        helpers in pieces (``span`` keeps the first), and the next sentence while they have
-        room."""
+        helpers in pieces (``span`` keeps the first), and (``hand_out``) the next sentence
+        while they have room. Handing out a sentence computes its prior here: before a
+        sentence's first window, that would delay its first audio."""
         span.shared = True
         if self.helpers is None or self.helpers.lanes < 2 or span.end is not None:
             return  # none to share with: decoded as if there were no helpers at all
@@ -225,7 +231,8 @@ class _Lanes:
                 piece = self._handed(span.sentence, span.latents, span.g, bounds[i],
                                      None if i == k - 1 else bounds[i + 1])
                 self.spans.insert(at + i - 1, piece)
-        self._hand_out()
+        if hand_out:
+            self._hand_out()
 
     def _hand_out(self) -> bool:
         """Hand the next sentence to the helpers, whole (in pieces if they are several),
