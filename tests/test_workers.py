@@ -278,15 +278,16 @@ def test_close_ends_the_threads(workers) -> None:
     assert not any(t.is_alive() for t in threads)
 
 
-def test_one_worker_and_the_cores_for_each_synthesis_unless_set() -> None:
+def test_a_worker_for_each_core_a_synthesis_uses_unless_set() -> None:
     """Unset, a synthesis uses the cores up to four (its own lane and helper processes) and
-    one worker renders at a time; set, both are as asked."""
+    as many syntheses are rendered at once, one core each; set, both are as asked."""
     from daemon.engine import cpu_plan
     from tts import default_threads
 
-    assert cpu_plan(None, None) == (default_threads(), 1)
+    assert cpu_plan(None, None) == (default_threads(), default_threads())
     assert cpu_plan(1, 4) == (1, 4)
-    assert cpu_plan(3, None) == (3, 1)
+    assert cpu_plan(3, None) == (3, 3)
+    assert cpu_plan(None, 1) == (default_threads(), 1)
 
 
 async def test_streams_starting_together_get_windows_that_last_through_the_others(

@@ -45,7 +45,7 @@ class _Section(BaseModel):
 class VoicesSettings(_Section):
     directories: list[Path] = []  # extra directories holding NAME.onnx + NAME.onnx.json
     default: str | None = None  # None: the bundled en_US-joe-medium
-    # Unset: the cores up to four, and one worker (daemon.engine.cpu_plan).
+    # Unset: the cores up to four, and as many workers (daemon.engine.cpu_plan).
     threads: int | None = Field(None, ge=1, le=64)  # cores one synthesis uses (helpers + 1)
     workers: int | None = Field(None, ge=1, le=32)  # syntheses computed at the same time
     # Keep the loaded voices' memory warm while idle, for VM hosts that let it go cold
