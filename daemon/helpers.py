@@ -231,6 +231,7 @@ class HelperPool:
 
     def _fork(self) -> _Helper | None:
         ours, theirs = socket.socketpair()
+        herald = os.getpid()
         try:
             pid = os.fork()
         except OSError as e:
@@ -238,7 +239,7 @@ class HelperPool:
             return None
         if pid == 0:  # the helper
             ours.close()
-            _helper_main(theirs, self.catalog)
+            _helper_main(theirs, self.catalog, herald)
         theirs.close()
         return _Helper(pid, Connection(ours.detach()))
 
@@ -290,11 +291,12 @@ def _plain(job: PieceJob) -> dict[str, Any]:
             "g": None if job.g is None else job.g.numpy(), "gain": job.gain}
 
 
-def _helper_main(sock: socket.socket, catalog: VoiceCatalog) -> NoReturn:
-    """The helper process: pieces in, audio out, until herald closes the connection."""
+def _helper_main(sock: socket.socket, catalog: VoiceCatalog, herald: int) -> NoReturn:
+    """The helper process: pieces in, audio out, until herald (PID ``herald``) closes the
+    connection."""
     code = 0
     try:
-        _detach(sock.fileno())
+        _detach(sock.fileno(), herald)
         _serve(Connection(sock.detach()), catalog)
     except (EOFError, OSError):  # herald closed the connection or is gone
         pass
@@ -307,7 +309,7 @@ def _helper_main(sock: socket.socket, catalog: VoiceCatalog) -> NoReturn:
         os._exit(code)
 
 
-def _detach(keep: int) -> None:
+def _detach(keep: int, herald: int) -> None:
     """What a forked helper must not keep of herald: its other file descriptors (sockets
     that would outlive herald), its signal handlers, and a life after herald's."""
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
@@ -330,7 +332,9 @@ def _detach(keep: int) -> None:
     handler.setFormatter(logging.Formatter(f"herald helper {os.getpid()}: %(message)s"))
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
-    if os.getppid() == 1:  # herald is already gone
+    # herald already gone: the helper has another parent now. (Not "the parent is PID 1":
+    # in a container herald itself is PID 1.)
+    if os.getppid() != herald:
         os._exit(0)
 
 
