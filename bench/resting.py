@@ -74,12 +74,22 @@ async def synthesize(port: int, text: str) -> float:
                 return samples / 22050
 
 
-def resting(pid: int, settle: float = 3.0) -> float:
-    """Resident MB once idle: after ``settle`` seconds, the lowest of a few readings."""
+def anonymous_mb(pid: int) -> float:
+    """Resident anonymous memory (MB) of process ``pid``: the heap and the weights, what
+    the process itself keeps. File-backed pages (torch's libraries' code) are the kernel's
+    to drop and read back as the host's memory is in demand, whatever herald does."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return int(fields["RssAnon"].split()[0]) / 1024
+
+
+def resting(pid: int, settle: float = 3.0, anonymous: bool = False) -> float:
+    """Resident MB once idle (``anonymous``: of anonymous memory only): after ``settle``
+    seconds, the lowest of a few readings."""
     time.sleep(settle)
     readings = []
     for _ in range(5):
-        readings.append(footprint(pid)[0])
+        readings.append(anonymous_mb(pid) if anonymous else footprint(pid)[0])
         time.sleep(0.2)
     return min(readings)
 
