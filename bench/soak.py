@@ -94,10 +94,15 @@ class Soak:
                 "fds": b.fds - a.fds, "threads": b.threads - a.threads}
 
 
+def status(pid: int) -> dict[str, str]:
+    """The fields of ``/proc/PID/status``."""
+    text = Path(f"/proc/{pid}/status").read_text()
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
 def footprint(pid: int) -> tuple[float, int, int]:
     """Resident memory (MB), open file descriptors and threads of process ``pid``."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    fields = status(pid)
     rss_kb = int(fields["VmRSS"].split()[0])
     return rss_kb / 1024, len(os.listdir(f"/proc/{pid}/fd")), int(fields["Threads"])
 

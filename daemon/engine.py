@@ -261,11 +261,9 @@ def cpu_plan(threads: int | None, workers: int | None) -> tuple[int, int]:
     A synthesis computes on one thread and uses more cores through helper processes
     (``daemon.helpers``): ``threads - 1`` of them, lent only to a synthesis that runs alone
     (``daemon.helpers.Lent``). Syntheses that run together each take a worker thread of
-    their own, one core each, so the cores a lone synthesis would use serve them too: with
-    one worker, six streams at once shared a single core and the sixth one's first audio
-    came after 1.7-1.8 s; with two, after 0.8-1.0 s, with no gap in any stream
-    (bench/README.md). The workers take turns on the interpreter's lock only for the
-    Python between operations, a few percent of a window.
+    their own, one core each, so the cores a lone synthesis would use serve them too (six
+    streams at once: bench/README.md, "Concurrent streams"). The workers take turns on the
+    interpreter's lock only for the Python between operations, a few percent of a window.
     """
     lanes = max(1, threads or default_threads())
     return lanes, max(1, workers or lanes)

@@ -121,6 +121,15 @@ class _Helper:
         """Start reading its messages (a thread: once every helper is forked)."""
         self._reader.start()
 
+    def close(self) -> None:
+        """Close the connection once the process has ended: its reader has met the end of
+        the connection by then (closed under a reader still inside ``recv``, the connection
+        fails there with a TypeError)."""
+        if self._reader.is_alive():
+            self._reader.join(timeout=1.0)
+        with contextlib.suppress(OSError):
+            self.conn.close()
+
     @property
     def load(self) -> int:
         return len(self.jobs)
@@ -215,12 +224,7 @@ class HelperPool:
         for h in self._helpers:
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(h.pid, 0)
-            # Its reader has met the end of the connection by now: closed under a reader
-            # still inside ``recv``, the connection fails there with a TypeError.
-            if h._reader.is_alive():
-                h._reader.join(timeout=1.0)
-            with contextlib.suppress(OSError):
-                h.conn.close()
+            h.close()
         self._helpers.clear()
 
     def _voice_of(self, model: Vits) -> str | None:

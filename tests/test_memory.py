@@ -6,8 +6,8 @@ is over).
 
 Anonymous memory (the heap, the weights) is what herald keeps. Its file-backed pages (the
 code of torch's libraries) are the kernel's: dropped while the host's memory is in demand
-(other tests' processes) and read back as the request runs them, they moved the total by
-tens of megabytes from run to run whatever herald did."""
+(other tests' processes) and read back as the request runs them, they move the total by
+tens of megabytes from run to run whatever herald does."""
 
 from __future__ import annotations
 

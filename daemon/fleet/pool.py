@@ -257,7 +257,7 @@ class Supervisor:
 
         A flag, not a cancellation of the task that runs it: under Python 3.11 a cancel
         that meets the wake-up of a chunk arriving at that moment is lost inside
-        ``asyncio.wait_for``, and the job then ran to its end, its worker never told."""
+        ``asyncio.wait_for``, and the job would run to its end, its worker never told."""
         self.stopped = True
         self._wake.set()
 
