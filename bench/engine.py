@@ -4,8 +4,8 @@ voice, same texts, same number of cores, in one run.
 For each core count, both engines are loaded in one process and alternate run by run (so a
 load that drifts hits both alike); every time is a median over repetitions. At N cores,
 piper-tts runs onnxruntime on N intra-op threads; herald runs as the daemon does, one thread
-of its own and N - 1 helper processes (``daemon.helpers``). Figures: the first audio and the
-whole audio of a short command and of a long sentence, the real-time factor of the long one,
+of its own and N - 1 helper processes (``daemon.synthesis.helpers``). Figures: the first audio and
+the whole audio of a short command and of a long sentence, the real-time factor of the long one,
 and the CPU time per second of speech (herald's helpers included). Memory is measured apart,
 each engine alone in a fresh process speaking the long sentence: peak RSS of the main
 process, PSS and USS over all of its processes. Shared machines drift, so read the ratios
@@ -97,7 +97,7 @@ def _herald(threads: int | None, keep_warm: KeepWarm = "auto"
     """herald as the daemon runs it (``threads`` None: its default): streaming to a listener,
     and making audio nobody plays before the end (``whole``, as for an HTTP WAV); and whether
     its warmer sweeps while idle."""
-    from daemon.helpers import HelperPool
+    from daemon.synthesis.helpers import HelperPool
     from tts import SynthesisOptions, VoiceCatalog, default_threads, prepare_process
     from tts.warm import Warmer
 

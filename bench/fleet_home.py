@@ -13,7 +13,7 @@ from bench.engine import LONG, SHORT
 from bench.fleet_probe import Probe
 from bench.fleet_rig import FLEET, Node, Rig
 from daemon.fleet.topics import FleetTopics
-from daemon.topics import Topics
+from daemon.mqtt.topics import Topics
 
 TEXTS = {"short": SHORT, "long": LONG}
 WAIT = 120.0  # seconds: hang guard for anything the fleet has to do

@@ -125,7 +125,7 @@ async def _measure(repeats: int, threads: int, ports: dict[str, int], listener: 
                    ) -> dict[str, Any]:
     import aiohttp
 
-    from daemon.helpers import HelperPool
+    from daemon.synthesis.helpers import HelperPool
     from tts import SynthesisOptions, VoiceCatalog, prepare_process
 
     prepare_process()

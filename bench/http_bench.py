@@ -3,7 +3,7 @@ first bytes of ``/tts/stream`` in every ``response_format``, for the short comma
 long sentence (``bench.engine``'s texts).
 
 herald serves HTTP as ``herald run`` would start its HTTP front, alone in its own process on
-the engine's defaults (threads and workers as ``daemon.engine.cpu_plan`` picks them for
+the engine's defaults (threads and workers as ``daemon.synthesis.engine.cpu_plan`` picks them for
 this machine); this process is the client (aiohttp). piper-tts has no batch endpoint (its
 HTTP server takes one text per request and needs Flask), so it gets its best case: the same
 texts synthesized one after another in this process, at ``PiperVoice.load``'s onnxruntime
@@ -50,9 +50,9 @@ def serve(port: int) -> None:
     """The herald side: an HttpFront alone, on the engine's defaults."""
     from daemon import __version__
     from daemon.context import Context
-    from daemon.engine import Engine, EngineSettings
     from daemon.fronts.http import HttpFront, HttpSettings
-    from daemon.metrics import Metrics
+    from daemon.jobs.metrics import Metrics
+    from daemon.synthesis.engine import Engine, EngineSettings
     from tts import VoiceCatalog
 
     async def main() -> None:

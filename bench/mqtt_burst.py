@@ -1,5 +1,5 @@
 """Many MQTT clients arriving at once while messages flow: what dropped clients of amqtt
-(daemon/broker.py). Shared by tests/test_broker.py and bench/abuse.py.
+(daemon/mqtt/broker.py). Shared by tests/test_broker.py and bench/abuse.py.
 
 A publisher streams numbered QoS 0 messages; meanwhile ``n`` clients connect together, half
 new (clean session, each with a filter of its own besides the shared ones), half persistent

@@ -94,9 +94,9 @@ def serve_herald(port: int, threads: int | None, keep_warm: str) -> None:
     """The herald side: a WyomingFront alone, as `herald run` would start it."""
     from daemon import __version__
     from daemon.context import Context
-    from daemon.engine import Engine, EngineSettings
     from daemon.fronts.wyoming import WyomingFront, WyomingSettings
-    from daemon.metrics import Metrics
+    from daemon.jobs.metrics import Metrics
+    from daemon.synthesis.engine import Engine, EngineSettings
     from tts import VoiceCatalog
 
     async def main() -> None:

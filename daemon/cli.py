@@ -22,7 +22,7 @@ from tts.options import SynthesisOptions
 from tts.text import MarkupError
 
 from . import __version__
-from .request import NOTHING_TO_SAY
+from .jobs.request import NOTHING_TO_SAY
 from .settings import ConfigError, SynthesisSettings, VoicesSettings
 
 if TYPE_CHECKING:
@@ -210,7 +210,7 @@ def _catalog(args: argparse.Namespace) -> VoiceCatalog:
 
 
 def _cmd_voices(args: argparse.Namespace) -> int:
-    from . import voice_commands
+    from .voices import commands as voice_commands
 
     if args.action == "download":
         return voice_commands.download(args)
@@ -268,7 +268,7 @@ def _cmd_say(args: argparse.Namespace) -> int:
         print("herald say: nothing to say (empty text)", file=sys.stderr)
         return 2
     if args.mqtt:
-        from .say_remote import publish_say
+        from .mqtt.say import publish_say
         from .settings import load_settings
 
         # The `say` fields for the options a request carries (None: the daemon's defaults).
@@ -285,7 +285,7 @@ def _cmd_say(args: argparse.Namespace) -> int:
     from tts import default_threads, prepare_process
     from tts.compose import Composer
 
-    from .helpers import HelperPool
+    from .synthesis.helpers import HelperPool
 
     prepare_process()
     # The composer, as the daemon speaks: sentences, bracket tags or SSML, other languages
@@ -346,7 +346,7 @@ async def _play(chunks: Iterator[ComposedChunk], fmt: AudioFormat, device: str |
     (a number or part of a name; a wrong one lists the devices), resampling for devices
     that don't take the voice's rate, and a fade-out on Ctrl-C. Synthesis runs in a thread,
     ahead of playback."""
-    from .metrics import Metrics
+    from .jobs.metrics import Metrics
     from .sinks.speaker import SpeakerSettings, SpeakerSink, SpeakerUnavailable
 
     first = await asyncio.to_thread(next, chunks, None)

@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING
 from tts.options import SynthesisOptions
 
 from .errors import HeraldError
-from .metrics import Metrics
-from .scheduler import Scheduler
+from .jobs.metrics import Metrics
+from .jobs.scheduler import Scheduler
+from .jobs.state import DeviceState
+from .jobs.status import Status
 from .settings import SchedulerSettings
-from .state import DeviceState
-from .status import Status
-from .synthesis import VoiceList
+from .synthesis.contracts import VoiceList
 
 if TYPE_CHECKING:
-    from .engine import Engine
-    from .voice_watch import VoiceWatch
+    from .synthesis.engine import Engine
+    from .voices.watch import VoiceWatch
 
 
 @dataclass
@@ -29,7 +29,7 @@ class Context:
     model: Engine | None
     metrics: Metrics
     version: str
-    # Where every front submits its jobs (daemon.scheduler). The service gives one with its
+    # Where every front submits its jobs (daemon.jobs.scheduler). The service gives one with its
     # settings and the speaker; None: one with default settings and no speaker.
     scheduler: Scheduler = field(default=None)  # type: ignore[assignment]
     # The configured [synthesis] defaults; every front builds a request's options on them.
@@ -37,7 +37,7 @@ class Context:
     # The default voice and volume as set at run time (set/voice, set/volume): every front
     # reads the default voice here. None: a fresh, unsaved one on the voice list's default.
     state: DeviceState = field(default=None)  # type: ignore[assignment]
-    # Keeps the catalog in step with the voice directories (daemon.voice_watch); fronts
+    # Keeps the catalog in step with the voice directories (daemon.voices.watch); fronts
     # refresh it before listing voices. None outside the daemon (tests of one front), and
     # on a satellite.
     voices: VoiceWatch | None = None

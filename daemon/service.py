@@ -4,7 +4,7 @@ Like zigbee2mqtt's controller, each part (speaker, embedded broker, MQTT, Wyomin
 starts and stops inside its own error boundary: a part that fails is logged and the others
 keep serving. SIGTERM / SIGINT: the current utterance is cut, ``offline`` is published and
 the process exits 0 within a few seconds. SIGHUP reloads the configuration and rescans the
-voice directories (``daemon.reload``, ``daemon.voice_watch``).
+voice directories (``daemon.reload``, ``daemon.voices.watch``).
 
 systemd hooks (``notify_ready``, ``notify_status``, ``watchdog_progress``) call into
 ``daemon.systemd`` when it is there and do nothing otherwise.
@@ -27,15 +27,15 @@ from tts.options import SynthesisOptions
 
 from . import __version__
 from .context import Context
-from .metrics import Metrics
+from .jobs.metrics import Metrics
+from .jobs.scheduler import Scheduler
+from .jobs.state import STATE_FILE, DeviceState, state_directory
 from .reload import read_settings
-from .scheduler import Scheduler
 from .settings import ConfigError, Settings, load_settings
-from .state import STATE_FILE, DeviceState, state_directory
 
 if TYPE_CHECKING:  # the model's parts: imported only where there is a model (node.role)
-    from .engine import Engine
-    from .voice_watch import VoiceWatch
+    from .synthesis.engine import Engine
+    from .voices.watch import VoiceWatch
 
 _systemd: Any
 try:  # written separately; until it exists the hooks are no-ops
@@ -302,7 +302,7 @@ class Service:
         self.scheduler = Scheduler(engine, metrics, s.scheduler, ctx.synthesis, speaker)
         scheduler = self.scheduler
         if engine is not None:
-            from .voice_watch import VoiceWatch
+            from .voices.watch import VoiceWatch
 
             model = engine
             self.voices = ctx.voices = VoiceWatch(
@@ -346,7 +346,7 @@ class Service:
         """The model's side: the voice catalog and the engine (imports torch)."""
         from tts import VoiceCatalog
 
-        from .engine import Engine, EngineSettings
+        from .synthesis.engine import Engine, EngineSettings
 
         s = self.settings
         catalog = VoiceCatalog(s.voices.directories, default=s.voices.default)
@@ -364,8 +364,8 @@ class Service:
         engine.keep_warm()
 
     async def _start_mqtt(self) -> None:
-        from .broker import EmbeddedBroker
         from .fronts.mqtt import MqttFront
+        from .mqtt.broker import EmbeddedBroker
         from .sinks.mqtt_audio import MqttAudioSink
 
         s = self.settings

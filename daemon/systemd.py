@@ -34,7 +34,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from .logcontext import RequestIdFilter
+from .logs import RequestIdFilter
 
 log = logging.getLogger("herald.systemd")
 
@@ -42,7 +42,7 @@ JOURNAL_SOCKET = "/run/systemd/journal/socket"
 
 # Log record attributes that become journal fields, so ``journalctl -u herald
 # HERALD_REQUEST_ID=abc`` finds one request's lines. ``request_id`` is set from the request
-# being served (daemon.logcontext); the others only where a call passes them in ``extra``.
+# being served (daemon.logs); the others only where a call passes them in ``extra``.
 JOURNAL_FIELDS = {
     "request_id": "HERALD_REQUEST_ID",
     "front": "HERALD_FRONT",
@@ -209,7 +209,7 @@ def under_systemd() -> bool:
 
 class _JournalFields(RequestIdFilter):
     """Copies ``request_id`` & co. onto the record under their journal field names; the
-    request id comes from the log context (``daemon.logcontext``) where the call passed none."""
+    request id comes from the log context (``daemon.logs``) where the call passed none."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         super().filter(record)

@@ -174,7 +174,7 @@ def synth(catalog):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def engine(catalog):  # type: ignore[no-untyped-def]
     """The daemon's engine on the session's voices: one torch thread, two chunks at once."""
-    from daemon.engine import Engine, EngineSettings
+    from daemon.synthesis.engine import Engine, EngineSettings
 
     eng = Engine(catalog, EngineSettings(threads=1, workers=2))
     yield eng

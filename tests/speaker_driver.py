@@ -167,7 +167,7 @@ async def main(spec: dict[str, Any]) -> None:
     pacer = Pacer(spec["fifo"], spec["out"], spec["bytes_per_second"], spec.get("hold"),
                   stamp=spec.get("stamp", False)) if spec.get("fifo") else None
 
-    from daemon.metrics import Metrics
+    from daemon.jobs.metrics import Metrics
     from daemon.sinks.speaker import SpeakerSettings, SpeakerSink, SpeakerUnavailable
     from tts import AudioFormat
 

@@ -2,8 +2,8 @@
 carry: audio from a fleet worker), with no engine at all: the same lanes, events, stop, cue
 and latency record as a synthesized request.
 
-``Feed`` is a source as the contract (``daemon.synthesis.AudioSource``) describes it: it yields
-its PCM piece by piece at a pace, and records when it was opened and whether it was closed.
+``Feed`` is a source as the contract (``daemon.synthesis.contracts.AudioSource``) describes it: it
+yields its PCM piece by piece at a pace, and records when it was opened and whether it was closed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator
 import pytest
 from test_scheduler import PacedSpeaker, rig, until
 
-from daemon.request import Request, RequestError
+from daemon.jobs.request import Request, RequestError
 from tts import AudioFormat
 
 RATE = 16000

@@ -2,7 +2,7 @@
 
 ``herald run`` with no ``mqtt.host`` serves MQTT itself through amqtt. Many clients at once
 connecting and subscribing, while messages flow through it, once made amqtt drop a client
-("dictionary changed size during iteration", see daemon/broker.py) and lose what it published
+("dictionary changed size during iteration", see daemon/mqtt/broker.py) and lose what it published
 and was owed. Here: herald is speaking to the network (its audio chunks flow through the
 broker), a publisher streams numbered QoS 0 messages, and a burst of clients connects at once:
 half new (clean session, each subscribing to a filter of its own as well as to what everyone
@@ -28,7 +28,7 @@ from mqtt_client import BASE, DEVICE, Client
 from paho.mqtt.enums import CallbackAPIVersion
 
 from bench.mqtt_burst import burst
-from daemon.broker import EmbeddedBroker
+from daemon.mqtt.broker import EmbeddedBroker
 
 BURST = 40  # clients connecting at once; the race showed with a dozen
 ELSEWHERE = "elsewhere/retained"  # retained, and subscribed to by the observer only
@@ -81,7 +81,7 @@ async def test_an_internal_broker_error_reaches_the_log(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A failure inside amqtt (injected here: the race above is gone) is reported in herald's
     log by what it cost, and the broker goes on serving the others."""
-    from daemon.broker import patched_broker_class  # here: the burst test runs without it
+    from daemon.mqtt.broker import patched_broker_class  # here: the burst test runs without it
 
     cls = patched_broker_class()
     matches, authenticate = cls._matches, cls._authenticate
@@ -121,7 +121,7 @@ async def test_an_internal_broker_error_reaches_the_log(
         bad.loop_stop()
         assert received == [b"delivered"]
         errors = [r.getMessage() for r in caplog.records
-                  if r.name == "daemon.broker" and r.levelno == logging.ERROR]
+                  if r.name == "daemon.mqtt.broker" and r.levelno == logging.ERROR]
         assert any("a message was not delivered to every subscriber" in m
                    and "injected delivery failure" in m for m in errors), errors
         assert any("a client was disconnected" in m and "injected session failure" in m

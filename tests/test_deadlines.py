@@ -1,11 +1,11 @@
-"""daemon.deadlines: which waiting render computes next. Plain values: times are seconds on
-any clock, costs are a step's estimated seconds."""
+"""daemon.synthesis.deadlines: which waiting render computes next. Plain values: times are seconds
+on any clock, costs are a step's estimated seconds."""
 
 from __future__ import annotations
 
 import pytest
 
-from daemon.deadlines import Due, admitted, feasible, least_audio, pick
+from daemon.synthesis.deadlines import Due, admitted, feasible, least_audio, pick
 
 NOW = 100.0
 

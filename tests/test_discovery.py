@@ -17,7 +17,7 @@ import pytest
 
 from daemon import __version__
 from daemon.fronts.mqtt.discovery import discovery_payload
-from daemon.topics import TopicError, Topics, check_publish_topic
+from daemon.mqtt.topics import TopicError, Topics, check_publish_topic
 
 ABBREVIATIONS = {"p": "platform", "dev": "device", "o": "origin", "cmps": "components",
                  "ids": "identifiers", "mf": "manufacturer", "mdl": "model", "mdl_id": "model_id",

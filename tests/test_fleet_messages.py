@@ -11,7 +11,7 @@ import pytest
 
 from daemon.fleet import messages as m
 from daemon.fleet.topics import AudioTopic, FleetTopics
-from daemon.topics import TopicError
+from daemon.mqtt.topics import TopicError
 
 F = "herald/fleet"
 OPTIONS = m.JobOptions(seed=123456789, length_scale=1.2, noise_scale=0.5, noise_w=0.6,

@@ -1,4 +1,4 @@
-"""daemon.helpers: real helper processes, forked from this one, decode pieces of the
+"""daemon.synthesis.helpers: real helper processes, forked from this one, decode pieces of the
 sentences; the audio is the same as the playing lane's alone, a helper that dies leaves it
 whole, and a helper keeps nothing of herald's but its connection."""
 
@@ -13,8 +13,8 @@ import pytest
 from audio_checks import assert_pcm_close, assert_speech, pcm16
 from sentences import LONG_SENTENCE
 
-from daemon.engine import Engine, EngineSettings
-from daemon.helpers import HelperPool, Lent
+from daemon.synthesis.engine import Engine, EngineSettings
+from daemon.synthesis.helpers import HelperPool, Lent
 from tts import SynthesisOptions, to_pcm16
 
 PARAGRAPH = ("The kitchen lights are on. The front door is locked. It will rain after six. "
@@ -50,7 +50,7 @@ def test_a_helper_killed_midway_leaves_the_audio_whole(synth, pool, caplog) -> N
     helper had got, and later syntheses use one core."""
     alone = spoken(synth, PARAGRAPH, None)
     chunks = synth.stream(PARAGRAPH, SynthesisOptions(seed=4), pool)
-    with caplog.at_level(logging.WARNING, logger="daemon.helpers"):
+    with caplog.at_level(logging.WARNING, logger="daemon.synthesis.helpers"):
         first = next(chunks)
         os.kill(pool.pids[0], signal.SIGKILL)
         rest = [c.samples for c in chunks]
@@ -106,7 +106,7 @@ def test_lanes_lent_midway_are_used_from_then_on(synth, pool) -> None:  # type: 
 
 async def test_beside_another_synthesis_the_engine_hands_nothing_out(catalog, synth) -> None:  # type: ignore[no-untyped-def]
     """A synthesis waiting on a helper holds the worker that every other synthesis needs,
-    so helpers go only to a synthesis that runs alone (``daemon.helpers.Lent``)."""
+    so helpers go only to a synthesis that runs alone (``daemon.synthesis.helpers.Lent``)."""
     engine = Engine(catalog, EngineSettings(threads=2, workers=1, queue_chunks=1))
     engine.start_helpers()
     try:

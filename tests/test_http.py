@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from daemon.context import Context
 from daemon.fronts.http import HttpFront, HttpSettings
 from daemon.fronts.http.batch import unique_filename
-from daemon.metrics import LatencyRecord, Metrics
+from daemon.jobs.metrics import LatencyRecord, Metrics
 from tts import SynthesisOptions
 
 SHORT = "Hello there."
@@ -511,7 +511,7 @@ async def test_too_many_at_once_get_429(start) -> None:  # type: ignore[no-untyp
 def test_only_a_client_that_takes_the_audio_whole_gets_it_made_whole() -> None:
     """``Request.whole`` (largest windows from the start) only where nobody listens before
     the end: not beside a speaker or an MQTT stream, not for a streaming client."""
-    from daemon.request import Request
+    from daemon.jobs.request import Request
     from daemon.sinks.client import ClientSink
 
     assert Request(text="x", sinks=(), client=ClientSink("http", whole=True)).whole

@@ -31,7 +31,7 @@ from audio_checks import (
 )
 from test_http import SEED, Server, error_of, openai_error_of, wav_samples
 
-from daemon.metrics import LatencyRecord
+from daemon.jobs.metrics import LatencyRecord
 from tts.codec import CONTENT_TYPES, EXTENSIONS, FORMATS
 
 TEXT = "The washing machine has finished, and the laundry is ready to be hung up outside."

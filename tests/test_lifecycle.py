@@ -25,10 +25,10 @@ from wyoming.event import write_event
 from wyoming.tts import Synthesize
 
 from daemon.context import Context
-from daemon.engine import Engine
 from daemon.fronts.http import HttpFront, HttpSettings
 from daemon.fronts.wyoming import WyomingFront, WyomingSettings
-from daemon.metrics import Metrics
+from daemon.jobs.metrics import Metrics
+from daemon.synthesis.engine import Engine
 from daemon.systemd import Watchdog
 
 GUARD = 60.0  # a hang guard, never a performance threshold

@@ -22,8 +22,8 @@ from wyoming.event import Event, async_read_event, async_write_event
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
-from daemon.engine import Engine
-from daemon.metrics import LatencyRecord
+from daemon.jobs.metrics import LatencyRecord
+from daemon.synthesis.engine import Engine
 
 GUARD = 60.0  # a hang guard, never a performance threshold
 SLACK = 3.0  # seconds a timeout may be late by on a loaded machine

@@ -29,7 +29,7 @@ from voice_server import serve
 from wyoming.client import AsyncTcpClient
 from wyoming.info import Describe, Info
 
-from daemon.voice_watch import VoiceWatch
+from daemon.voices.watch import VoiceWatch
 from tts import VoiceCatalog
 from tts.catalog import CatalogChanges
 

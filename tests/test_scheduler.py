@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 from audio_checks import assert_pcm_close, assert_speech, pcm16
 
-from daemon.buffer import AudioBuffer
-from daemon.engine import Engine
-from daemon.metrics import LatencyRecord, Metrics
-from daemon.request import NOTHING_TO_SAY, Request, RequestError, TextStream
-from daemon.scheduler import Scheduler
+from daemon.jobs.buffer import AudioBuffer
+from daemon.jobs.metrics import LatencyRecord, Metrics
+from daemon.jobs.request import NOTHING_TO_SAY, Request, RequestError, TextStream
+from daemon.jobs.scheduler import Scheduler
 from daemon.settings import SchedulerSettings
 from daemon.sinks.speaker import PlaybackStats
+from daemon.synthesis.engine import Engine
 from tts import AudioFormat, SynthesisOptions, UnknownVoice
 from tts.compose import Say, Silence, Step
 

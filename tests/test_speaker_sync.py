@@ -174,10 +174,10 @@ from speaker_driver import Pacer
 fifo, out, text, long, rate = sys.argv[1:6]
 rate = int(rate)
 pacer = Pacer(fifo, out, rate * 2, stamp=True)  # reading before PortAudio opens the device
-from daemon.engine import Engine, EngineSettings
-from daemon.metrics import Metrics
-from daemon.request import Request
-from daemon.scheduler import Scheduler
+from daemon.synthesis.engine import Engine, EngineSettings
+from daemon.jobs.metrics import Metrics
+from daemon.jobs.request import Request
+from daemon.jobs.scheduler import Scheduler
 from daemon.settings import SchedulerSettings
 from daemon.sinks.speaker import SpeakerSettings, SpeakerSink
 from tts import AudioFormat, SynthesisOptions, VoiceCatalog

@@ -280,7 +280,7 @@ CONTEXT_SCRIPT = """
 import asyncio, json, logging, socket
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 sock.bind("/run/systemd/journal/socket")
-from daemon.logcontext import context_for, request_context
+from daemon.logs import context_for, request_context
 from daemon.systemd import setup_logging
 setup_logging("INFO")
 log = logging.getLogger("herald.test")
@@ -501,7 +501,7 @@ def sandbox_main(spec_path: str) -> None:
     result["tcp_echo"] = _errno_name(tcp_echo)
 
     # The real work: load the voice, synthesize, play through PortAudio into ALSA.
-    from daemon.metrics import Metrics
+    from daemon.jobs.metrics import Metrics
     from daemon.sinks.speaker import SpeakerSettings, SpeakerSink
     from tts import AudioFormat, SynthesisOptions, VoiceCatalog, prepare_process, to_pcm16
 

@@ -21,7 +21,7 @@ from conftest import ROOT, free_port, voices_of_default
 from herald_process import herald_env
 from voice_server import VoiceServer, serve
 
-from daemon.voice_download import DownloadError, download_resource
+from daemon.voices.download import DownloadError, download_resource
 from tts import VoiceCatalog
 from tts.pinyin import RESOURCES
 from tts.resources import G2PW, Resource, ResourceFile

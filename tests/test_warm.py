@@ -16,7 +16,7 @@ import pytest
 import torch
 from synthetic_voice import VARIANTS, random_model
 
-from daemon.engine import Engine, EngineSettings
+from daemon.synthesis.engine import Engine, EngineSettings
 from tts.memory import KeepWarm
 from tts.warm import PAGE, PROBE_IDLE, CodeToucher, Warmer, WeightToucher
 

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from daemon.context import Context
-from daemon.engine import Engine
 from daemon.fronts.http import HttpFront, HttpSettings
-from daemon.metrics import Metrics
+from daemon.jobs.metrics import Metrics
+from daemon.synthesis.engine import Engine
 
 try:
     import playwright.async_api as playwright

@@ -1,5 +1,5 @@
-"""daemon.workers: renders take turns on the worker threads, park without holding one, stop
-when closed and stay on one thread when alone. Plain generators stand in for syntheses here
+"""daemon.synthesis.workers: renders take turns on the worker threads, park without holding one,
+stop when closed and stay on one thread when alone. Plain generators stand in for syntheses here
 (the machinery is generic); the fronts' tests run it with the real engine."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from daemon.workers import Render, Workers
+from daemon.synthesis.workers import Render, Workers
 
 
 def chunks(n: int, log: list[tuple[str, int, str]] | None = None, tag: str = "",
@@ -281,7 +281,7 @@ def test_close_ends_the_threads(workers) -> None:
 def test_a_worker_for_each_core_a_synthesis_uses_unless_set() -> None:
     """Unset, a synthesis uses the cores up to four (its own lane and helper processes) and
     as many syntheses are rendered at once, one core each; set, both are as asked."""
-    from daemon.engine import cpu_plan
+    from daemon.synthesis.engine import cpu_plan
     from tts import default_threads
 
     assert cpu_plan(None, None) == (default_threads(), default_threads())
@@ -299,7 +299,7 @@ async def test_streams_starting_together_get_windows_that_last_through_the_other
     rounding, as any two window plans)."""
     from sentences import LONG_SENTENCE
 
-    from daemon.engine import Engine, EngineSettings
+    from daemon.synthesis.engine import Engine, EngineSettings
     from tts import SynthesisOptions
 
     engine = Engine(catalog, EngineSettings(threads=1, workers=1))
@@ -330,8 +330,8 @@ async def test_a_first_window_is_asked_to_last_while_the_others_start(workers) -
     """The rule behind the test above, with the costs given rather than measured on this
     host: three streams start together, a new stream's first step estimated at 0.2 s. The
     first one's first window is asked to hold what lasts while the two others make theirs
-    (``daemon.deadlines.least_audio`` of 0.4 s ahead); a stream alone is asked nothing."""
-    from daemon.deadlines import least_audio
+    (``daemon.synthesis.deadlines.least_audio`` of 0.4 s ahead); a stream alone is asked nothing."""
+    from daemon.synthesis.deadlines import least_audio
 
     pool = workers(1)
     pool.first_cost = 0.2  # the estimate the pool would have measured

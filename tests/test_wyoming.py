@@ -38,10 +38,10 @@ from wyoming.tts import (
 )
 
 from daemon.context import Context
-from daemon.engine import Engine, EngineSettings
 from daemon.fronts.wyoming import WyomingFront, WyomingSettings
-from daemon.metrics import LatencyRecord, Metrics
-from daemon.request import TextStream
+from daemon.jobs.metrics import LatencyRecord, Metrics
+from daemon.jobs.request import TextStream
+from daemon.synthesis.engine import Engine, EngineSettings
 from tts import SynthesisOptions
 from tts.compose import Composer, Say
 
@@ -625,10 +625,10 @@ from wyoming.audio import AudioChunk
 from wyoming.client import AsyncTcpClient
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 from daemon.context import Context
-from daemon.engine import Engine, EngineSettings
+from daemon.synthesis.engine import Engine, EngineSettings
 from daemon.fronts.wyoming import WyomingFront, WyomingSettings
-from daemon.metrics import Metrics
-from daemon.scheduler import Scheduler
+from daemon.jobs.metrics import Metrics
+from daemon.jobs.scheduler import Scheduler
 from daemon.settings import SchedulerSettings
 from daemon.sinks.speaker import SpeakerSettings, SpeakerSink
 from tts import SynthesisOptions, VoiceCatalog

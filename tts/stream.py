@@ -11,8 +11,8 @@ per-window overhead costs little. With helpers, later pieces of a sentence and t
 after it are decoded elsewhere meanwhile (``tts.lanes``, ``tts.pieces``).
 
 Beside other syntheses the windows take a ``Demand`` into account: whoever shares the CPU
-between them (``daemon.workers``) says, before each window, how much audio it should hold at
-least to last while the others take their turns. Any window plan joins exactly.
+between them (``daemon.synthesis.workers``) says, before each window, how much audio it should hold
+at least to last while the others take their turns. Any window plan joins exactly.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ where the threads wait for one another; a core taken by anything else (another p
 this one's event loop) stalls every barrier, and a two-thread synthesis became slower than a
 one-thread one beside a single busy process (bench/README.md). A synthesis uses more cores by
 cutting its sentences into pieces that decode at the same time in helper processes
-(``tts.pieces``, ``daemon.helpers``), which never wait for one another mid-window.
+(``tts.pieces``, ``daemon.synthesis.helpers``), which never wait for one another mid-window.
 
 Subnormal floats are flushed to zero on these threads: a quiet passage leaves the generator's
 activations that small, and on x86 each operation on one costs tens of cycles more (a long

@@ -8,7 +8,7 @@ events on the fleet topics.
   pieces one by one, to any member. A group's stream needs ``seq``: the member that gets
   piece 0 owns the stream; a member that gets a later piece of a stream it does not own
   relays it on ``F/group/<g>/stream/<id>``, which every member hears, and the owner puts the
-  pieces back in order (``daemon.fronts.mqtt.reassembly``), keeping those relayed before its
+  pieces back in order (``daemon.mqtt.reassembly``), keeping those relayed before its
   piece 0 came.
 * ``F/group/<g>/stop`` reaches every member: each cuts the group's announcement, and its
   owner cancels the job.
@@ -28,10 +28,8 @@ from collections.abc import Callable
 from typing import Any, get_args
 
 from ..fronts.mqtt.commands import stop_target
-from ..fronts.mqtt.reassembly import Cancellable, Reassembly, RecentIds
-from ..fronts.mqtt.retained import RetainedRefusals, refusal
-from ..metrics import Timeline
-from ..request import (
+from ..jobs.metrics import Timeline
+from ..jobs.request import (
     Code,
     Limits,
     Request,
@@ -40,6 +38,8 @@ from ..request import (
     parse_stream_piece,
     stream_request,
 )
+from ..mqtt.reassembly import Cancellable, Reassembly, RecentIds
+from ..mqtt.retained import RetainedRefusals, refusal
 from ..settings import Settings
 from .link import FleetLink
 from .pool import Pool

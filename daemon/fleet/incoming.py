@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, Callable
 
 from tts.audio import AudioFormat
 
-from ..request import RequestError
+from ..jobs.request import RequestError
 from .messages import AudioStart, AudioStop
 
 
@@ -117,8 +117,8 @@ class Incoming:
 
 
 class IncomingSource:
-    """An ``Incoming`` as a request's audio source (``daemon.synthesis.AudioSource``): what a
-    group member plays."""
+    """An ``Incoming`` as a request's audio source (``daemon.synthesis.contracts.AudioSource``):
+    what a group member plays."""
 
     def __init__(self, incoming: Incoming, fmt: AudioFormat) -> None:
         self.incoming = incoming

@@ -21,7 +21,7 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from ..fronts.mqtt.connection import Connection, call_soon
+from ..mqtt.connection import Connection, call_soon
 from ..settings import Settings
 from .messages import Presence, VoiceInfo
 from .topics import FleetTopics

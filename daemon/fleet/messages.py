@@ -21,7 +21,7 @@ from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
 from ..errors import HeraldError
-from ..request import RATE_RANGE, SEED_RANGE, Code
+from ..jobs.request import RATE_RANGE, SEED_RANGE, Code
 from ..settings.fleet import Role
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 # something to guess at. Unknown keys are ignored (a newer node's additions).
 _CONFIG = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
-JobId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]  # daemon.topics ids
+JobId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]  # daemon.mqtt.topics ids
 DeviceId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
 GroupName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
 Attempt = Annotated[int, Field(ge=1, le=1_000_000)]

@@ -19,8 +19,8 @@ attempt, so the rules below hold on any MQTT 5 broker, whatever it redelivers:
 
 Streamed text (``say/stream``) goes on ``F/job/<job>/text`` from the offset the claim names.
 Stopping the request cancels the job. ``JobSource`` is a device request's audio source
-(``daemon.synthesis.AudioSource``); a group announcement (``announce``) is a job of its own,
-which every member plays from the group's audio (``daemon.fleet.receiver``).
+(``daemon.synthesis.contracts.AudioSource``); a group announcement (``announce``) is a job of its
+own, which every member plays from the group's audio (``daemon.fleet.receiver``).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from tts.errors import VoiceError
 from tts.options import SynthesisOptions
 from tts.text import SentenceBuffer
 
-from ..request import SEED_RANGE, Request, RequestError, failure
+from ..jobs.request import SEED_RANGE, Request, RequestError, failure
+from ..jobs.utterance import skip_writing
 from ..settings import Settings
-from ..utterance import skip_writing
 from .incoming import Incoming
 from .link import FleetLink
 from .messages import Cancel, Job, JobOptions, JobState, Resumed, TextPiece, decode

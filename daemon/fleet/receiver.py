@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 from tts.audio import AudioFormat
 
-from ..fronts.mqtt.reassembly import RecentIds
-from ..request import Request, RequestError
-from ..scheduler import Scheduler
+from ..jobs.request import Request, RequestError
+from ..jobs.scheduler import Scheduler
+from ..mqtt.reassembly import RecentIds
 from ..settings.fleet import FleetSettings
 from .incoming import Incoming, IncomingSource
 from .link import FleetLink

@@ -1,4 +1,4 @@
-"""Every fleet topic, in one place, as ``daemon.topics`` does for a device's own topics.
+"""Every fleet topic, in one place, as ``daemon.mqtt.topics`` does for a device's own topics.
 
 F is ``fleet.topic`` (``herald/fleet``):
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from ..mqtt.topics import TopicError, check_level, check_publish_topic, check_request_id
 from ..settings.fleet import GROUP_RE
-from ..topics import TopicError, check_level, check_publish_topic, check_request_id
 
 if TYPE_CHECKING:
     from ..settings import Settings

@@ -4,7 +4,8 @@ at), and which nodes play which groups.
 
 Presence is retained, and a node's last will replaces it with ``offline`` the moment the
 broker loses the node, so this view follows the fleet without any polling. ``FleetVoices``
-is the voice list (``daemon.synthesis.VoiceList``) a satellite's fronts resolve names with.
+is the voice list (``daemon.synthesis.contracts.VoiceList``) a satellite's fronts resolve names
+with.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from tts.audio import AudioFormat
 from tts.errors import UnknownVoice, VoiceError
 from tts.options import DEFAULT_VOICE
 
-from ..request import RequestError
-from ..synthesis import pick_voice
+from ..jobs.request import RequestError
+from ..synthesis.contracts import pick_voice
 from .link import FleetLink
 from .messages import Presence, VoiceInfo, decode
 from .topics import FleetTopics

@@ -34,9 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from ..context import Context
-from ..fronts.mqtt.reassembly import RecentIds
-from ..logcontext import request_context
-from ..request import (
+from ..jobs.request import (
     Code,
     Request,
     RequestError,
@@ -47,9 +45,11 @@ from ..request import (
     failure,
     refuse_control,
 )
-from ..scheduler import Scheduler
+from ..jobs.scheduler import Scheduler
+from ..logs import request_context
+from ..mqtt.reassembly import RecentIds
+from ..mqtt.topics import TopicError
 from ..settings import Settings
-from ..topics import TopicError
 from .audio import FleetAudioSink, JobAudio
 from .link import FleetLink
 from .messages import Cancel, Job, JobState, JobStateName, TextPiece, VoiceInfo, decode

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 
-from ..metrics import Metrics
+from ..jobs.metrics import Metrics
 
 log = logging.getLogger("herald.connections")
 

@@ -20,8 +20,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from ..mqtt.topics import Topics
 from ..sinks.speaker import SpeakerSettings
-from ..topics import Topics
 from .fleet import FleetSettings, NodeSettings, fleet_problem
 from .http import HttpSettings
 from .sections import (

@@ -21,8 +21,8 @@ from tts.memory import KeepWarm
 from tts.resources import DEFAULT_BASE_URL
 
 from ..errors import HeraldError
-from ..request import RATE_RANGE
-from ..voice_download import DEFAULT_CATALOG
+from ..jobs.request import RATE_RANGE
+from ..voices.download import DEFAULT_CATALOG
 
 DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -45,14 +45,14 @@ class _Section(BaseModel):
 class VoicesSettings(_Section):
     directories: list[Path] = []  # extra directories holding NAME.onnx + NAME.onnx.json
     default: str | None = None  # None: the bundled en_US-joe-medium
-    # Unset: the cores up to four, and as many workers (daemon.engine.cpu_plan).
+    # Unset: the cores up to four, and as many workers (daemon.synthesis.engine.cpu_plan).
     threads: int | None = Field(None, ge=1, le=64)  # cores one synthesis uses (helpers + 1)
     workers: int | None = Field(None, ge=1, le=32)  # syntheses computed at the same time
     # Keep the loaded voices' memory warm while idle, for VM hosts that let it go cold
-    # (daemon.engine.Engine.keep_warm): "auto" measures at start-up, "on", "off".
+    # (daemon.synthesis.engine.Engine.keep_warm): "auto" measures at start-up, "on", "off".
     keep_warm: KeepWarm = "auto"
     # Piper's voices.json, for `herald voices --available` and `download`; the voice files
-    # are fetched from beside it (daemon.voice_download).
+    # are fetched from beside it (daemon.voices.download).
     catalog_url: str = DEFAULT_CATALOG
     # Where `herald voices download` fetches what a voice needs besides its own files (g2pW
     # for Chinese pinyin voices): Hugging Face, a mirror of it, or a file:// directory
@@ -179,7 +179,7 @@ class MqttSettings(_Section):
 class StateSettings(_Section):
     # Where the device state (default voice, volume set at run time) is kept across
     # restarts. None: $STATE_DIRECTORY (systemd's StateDirectory=), else
-    # $XDG_STATE_HOME/herald or ~/.local/state/herald (daemon.state).
+    # $XDG_STATE_HOME/herald or ~/.local/state/herald (daemon.jobs.state).
     directory: Path | None = None
 
     @field_validator("directory", mode="before")

@@ -24,8 +24,8 @@ from typing import Any, Protocol
 from tts import AudioFormat
 from tts.codec import Encoder, encoder
 
+from ..mqtt.topics import Topics
 from ..settings import MqttAudioSettings
-from ..topics import Topics
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class AudioOut(Protocol):
 
 
 class AudioTopics(Protocol):
-    """Where one stream's start, chunks and stop go (``daemon.topics.Topics`` is one)."""
+    """Where one stream's start, chunks and stop go (``daemon.mqtt.topics.Topics`` is one)."""
 
     def audio_start(self, request_id: str) -> str: ...
     def audio_chunk(self, request_id: str, seq: int) -> str: ...

@@ -4,6 +4,6 @@
 formats answers come in, and server-sent events)."""
 
 from ...settings import HttpSettings
-from .app import HttpFront
+from .front import HttpFront
 
 __all__ = ["HttpFront", "HttpSettings"]

@@ -23,11 +23,8 @@ from aiohttp import hdrs, web
 
 from tts.codec import EXTENSIONS
 
-from ...metrics import Timeline
-from ...request import (
-    RequestError,
-    parse_json,
-)
+from ...jobs.metrics import Timeline
+from ...jobs.request import RequestError, parse_json
 from .fields import (
     SPEECH_FIELDS,
     ApiError,

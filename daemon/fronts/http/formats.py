@@ -29,7 +29,7 @@ from aiohttp import hdrs, web
 from tts.audio import AudioFormat
 from tts.codec import FORMATS, CodecName, Encoder, encode, encoder
 
-from ...metrics import LatencyRecord
+from ...jobs.metrics import LatencyRecord
 from .fields import ApiError, string_field
 
 Events = Literal["herald", "openai"]  # whose server-sent events, or None for raw audio

@@ -17,14 +17,8 @@ from tts.audio import AudioFormat
 from tts.codec import CONTENT_TYPES, output_format
 
 from ...context import Context
-from ...metrics import Timeline
-from ...request import (
-    RATE_RANGE,
-    SEED_RANGE,
-    Request,
-    RequestError,
-    check_text,
-)
+from ...jobs.metrics import Timeline
+from ...jobs.request import RATE_RANGE, SEED_RANGE, Request, RequestError, check_text
 from ...settings import HttpSettings
 from ...sinks.client import ClientSink
 from .fields import (

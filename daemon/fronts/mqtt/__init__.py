@@ -4,6 +4,6 @@
 (herald's own topics, with ``reassembly`` putting ``say/stream`` pieces in order),
 ``discovery`` (Home Assistant) and ``hermes`` (Rhasspy)."""
 
-from .session import MqttFront
+from .front import MqttFront
 
 __all__ = ["MqttFront"]

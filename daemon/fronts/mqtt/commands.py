@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from tts import VoiceError
 
-from ...request import (
+from ...jobs.request import (
     Request,
     RequestError,
     decode_text,
@@ -31,12 +31,12 @@ from ...request import (
     parse_stream_piece,
     stream_request,
 )
-from ...scheduler import TERMINAL
+from ...jobs.scheduler import TERMINAL
+from ...mqtt.reassembly import Cancellable, Reassembly
 from .extension import Extension, Message, Route
-from .reassembly import Cancellable, Reassembly
 
 if TYPE_CHECKING:
-    from .session import MqttFront
+    from .front import MqttFront
 
 log = logging.getLogger(__name__)
 

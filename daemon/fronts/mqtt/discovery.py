@@ -26,7 +26,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ...topics import AVAILABILITY_ONLINE, Topics
+from ...mqtt.topics import AVAILABILITY_ONLINE, Topics
 from .extension import Extension, Message, Route
 
 log = logging.getLogger(__name__)

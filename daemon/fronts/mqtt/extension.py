@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ...metrics import Timeline
+from ...jobs.metrics import Timeline
 
 if TYPE_CHECKING:
-    from .session import MqttFront
+    from .front import MqttFront
 
 
 @dataclass(frozen=True)

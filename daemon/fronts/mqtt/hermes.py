@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...request import (
+from ...jobs.request import (
     Limits,
     Request,
     RequestError,
@@ -29,12 +29,12 @@ from ...request import (
     json_object,
     new_id,
 )
-from ...scheduler import TERMINAL
-from ...topics import TopicError, Topics, check_request_id
+from ...jobs.scheduler import TERMINAL
+from ...mqtt.topics import TopicError, Topics, check_request_id
 from .extension import Extension, Message, Route
 
 if TYPE_CHECKING:
-    from .session import MqttFront
+    from .front import MqttFront
 
 log = logging.getLogger(__name__)
 

@@ -5,6 +5,6 @@ there); ``output`` sends a request's audio; ``protocol`` holds the refusals and 
 ``describe`` answers ``describe``; ``announce`` is the zeroconf announcement."""
 
 from ...settings import WyomingSettings
-from .server import WyomingFront
+from .front import WyomingFront
 
 __all__ = ["WyomingFront", "WyomingSettings"]

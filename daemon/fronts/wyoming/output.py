@@ -16,14 +16,14 @@ from wyoming.tts import SynthesizeStopped
 from tts import AudioFormat, SynthesisOptions
 from tts.text import TextFormat
 
-from ...logcontext import current_request
-from ...metrics import Timeline
-from ...request import Request, RequestError, TextStream, new_id, refuse_control
+from ...jobs.metrics import Timeline
+from ...jobs.request import Request, RequestError, TextStream, new_id, refuse_control
+from ...logs import current_request
 from ...sinks.client import ClientSink
 from .protocol import FRONT, ClientGone, ClientStalled, Refused, refusal
 
 if TYPE_CHECKING:
-    from .session import Connection
+    from .connection import Connection
 
 
 class AudioOut:

@@ -8,10 +8,7 @@ from typing import TypeVar, cast
 from wyoming.event import Event, Eventable
 
 from ...errors import HeraldError
-from ...request import (
-    RequestError,
-    check_unicode,
-)
+from ...jobs.request import RequestError, check_unicode
 
 PROGRAM = "herald"
 FRONT = "wyoming"

@@ -48,7 +48,7 @@ import numpy as np
 from tts import AudioFormat
 from tts.resample import Resampler
 
-from ...metrics import Metrics
+from ...jobs.metrics import Metrics
 from ..protocol import SpeakerUnavailable
 from .clock import DeviceClock
 from .device import Device, Output

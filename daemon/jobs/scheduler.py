@@ -36,13 +36,13 @@ from typing import Any
 from tts.audio import AudioFormat
 from tts.options import SynthesisOptions
 
+from ..logs import context_for, request_context
+from ..settings import SchedulerSettings
+from ..sinks.protocol import NetworkSink, Speaker, SpeakerUnavailable
+from ..synthesis.contracts import AudioSource, Synthesis
 from .buffer import AudioBuffer
-from .logcontext import context_for, request_context
 from .metrics import LatencyRecord, Metrics, Timeline
 from .request import NOTHING_TO_SAY, Request, RequestError, failure
-from .settings import SchedulerSettings
-from .sinks.protocol import NetworkSink, Speaker, SpeakerUnavailable
-from .synthesis import AudioSource, Synthesis
 from .utterance import (
     Lane,
     SynthesisFailed,

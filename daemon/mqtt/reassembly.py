@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ...request import Request, RequestError, StreamPiece, TextStream
+from ..jobs.request import Request, RequestError, StreamPiece, TextStream
 
 log = logging.getLogger(__name__)
 

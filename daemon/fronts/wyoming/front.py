@@ -22,9 +22,9 @@ from ...settings import WyomingSettings
 from .. import is_loopback_host
 from ..limits import Connections
 from .announce import Announcement
+from .connection import Connection
 from .describe import describe, voice_versions
 from .protocol import FRONT, WyomingError
-from .session import Connection
 
 log = logging.getLogger("herald.wyoming")
 

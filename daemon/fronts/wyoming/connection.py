@@ -63,7 +63,7 @@ from tts import (
 )
 from tts.text import TextFormat
 
-from ...request import RequestError, check_ssml, check_text
+from ...jobs.request import RequestError, check_ssml, check_text
 from .output import AudioOut, StreamedText
 from .protocol import (
     FRONT,
@@ -78,7 +78,7 @@ from .protocol import (
 )
 
 if TYPE_CHECKING:
-    from .server import WyomingFront
+    from .front import WyomingFront
 
 log = logging.getLogger("herald.wyoming")
 

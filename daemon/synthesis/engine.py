@@ -2,9 +2,9 @@
 
 Text is planned on the loop by the composer's planner (sentences, markup, languages, pauses:
 cheap, and one place for all of it, whole texts and streamed ones alike); the planned steps
-are rendered into audio on ``workers`` CPU threads (``daemon.workers``), the only threads
+are rendered into audio on ``workers`` CPU threads (``daemon.synthesis.workers``), the only threads
 that run torch, and each chunk goes to the loop the moment it exists. Concurrent renders
-go by their playback deadlines (``daemon.deadlines``); a render whose consumer is slow (a
+go by their playback deadlines (``daemon.synthesis.deadlines``); a render whose consumer is slow (a
 speaker playing in real time) is parked, holding no thread, once ``queue_chunks`` chunks
 wait for it. Cancelling the
 consumer (a stopped utterance, a vanished client) stops the work after the chunk being made.
@@ -33,8 +33,8 @@ from tts.text import TextFormat
 from tts.threads import cores, prepare_thread
 from tts.warm import Warmer
 
+from .contracts import pick_voice
 from .helpers import HelperPool, Lent
-from .synthesis import pick_voice
 from .workers import Render, Workers
 
 # Seconds from the last job's end to the hand-back of freed memory (``Engine.rest``): by
@@ -131,8 +131,8 @@ class Engine:
         await asyncio.wrap_future(self._workers.call(self.catalog.synthesizer, voice))
 
     def start_helpers(self) -> None:
-        """Start the helper processes (``daemon.helpers``) a synthesis uses besides its own
-        lane. Once, after the voices are loaded (the helpers share them) and before any
+        """Start the helper processes (``daemon.synthesis.helpers``) a synthesis uses besides its
+        own lane. Once, after the voices are loaded (the helpers share them) and before any
         synthesis or thread other than the idle workers runs (they are forked)."""
         if self._helpers is None and self.threads > 1:
             self._helpers = HelperPool(self.catalog, self.threads - 1)
@@ -181,7 +181,7 @@ class Engine:
 
     async def _render(self, steps: list[Step], voice: str | None, options: SynthesisOptions,
                       whole: bool = False) -> AsyncGenerator[AudioChunk, None]:
-        """The steps' chunks, computed on the workers (``daemon.workers``); closing this
+        """The steps' chunks, computed on the workers (``daemon.synthesis.workers``); closing this
         generator stops the computation after the chunk being made."""
         rate = self.composer.sample_rate(voice)
         helpers = None if self._helpers is None else Lent(self._helpers,
@@ -259,10 +259,10 @@ def cpu_plan(threads: int | None, workers: int | None) -> tuple[int, int]:
     process: as configured, or ``tts.default_threads()`` for both.
 
     A synthesis computes on one thread and uses more cores through helper processes
-    (``daemon.helpers``): ``threads - 1`` of them, lent only to a synthesis that runs alone
-    (``daemon.helpers.Lent``). Syntheses that run together each take a worker thread of
-    their own, one core each, so the cores a lone synthesis would use serve them too (six
-    streams at once: bench/README.md, "Concurrent streams"). The workers take turns on the
+    (``daemon.synthesis.helpers``): ``threads - 1`` of them, lent only to a synthesis that runs
+    alone (``daemon.synthesis.helpers.Lent``). Syntheses that run together each take a worker
+    thread of their own, one core each, so the cores a lone synthesis would use serve them too
+    (six streams at once: bench/README.md, "Concurrent streams"). The workers take turns on the
     interpreter's lock only for the Python between operations, a few percent of a window.
     """
     lanes = max(1, threads or default_threads())

@@ -24,16 +24,16 @@ from tts.errors import UnknownVoice, VoiceError
 from tts.text import MarkupError, TextFormat, parse_ssml
 from tts.text.markup import MAX_RATE, MIN_RATE
 
-from .errors import HeraldError
+from ..errors import HeraldError
+from ..mqtt.topics import TopicError, check_request_id
 from .metrics import Timeline
-from .topics import TopicError, check_request_id
 
 if TYPE_CHECKING:
     from tts.compose import Planner, Step
     from tts.options import SynthesisOptions
 
-    from .sinks.client import ClientSink
-    from .synthesis import AudioSource
+    from ..sinks.client import ClientSink
+    from ..synthesis.contracts import AudioSource
 
 Mode = Literal["queue", "interrupt"]
 SINKS = ("speaker", "mqtt")
@@ -228,7 +228,7 @@ class Request:
     # a sink of this job alone, next to the named ``sinks``.
     client: ClientSink | None = None
     # Audio made elsewhere to play instead of synthesizing ``text`` here
-    # (``daemon.synthesis.AudioSource``: a fleet worker's).
+    # (``daemon.synthesis.contracts.AudioSource``: a fleet worker's).
     source: AudioSource | None = None
     # The defaults this request is synthesized on instead of the configured [synthesis]
     # ones: a fleet job carries its owner's gain and sentence pause (daemon.fleet.worker).

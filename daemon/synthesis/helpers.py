@@ -254,7 +254,7 @@ class Lent:
 
     A playing lane that gets to a piece a helper has begun waits for its audio, and that
     wait holds the engine's worker, which every other synthesis needs for its own windows
-    (``daemon.workers`` orders them by deadline). Shared out to several syntheses, one's
+    (``daemon.synthesis.workers`` orders them by deadline). Shared out to several syntheses, one's
     piece would queue behind another's at a helper while its lane held the worker, and
     concurrent streams would hear gaps (bench/README.md, "Concurrent streams"). So pieces
     are handed out only by a synthesis alone; beside others it decodes on the worker, by

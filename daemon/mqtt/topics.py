@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import HeraldError
+from ..errors import HeraldError
 
 AVAILABILITY_ONLINE = "online"
 AVAILABILITY_OFFLINE = "offline"

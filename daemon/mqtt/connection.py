@@ -34,8 +34,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from ...settings import MqttSettings
-from ...topics import check_publish_topic
+from ..settings import MqttSettings
+from .topics import check_publish_topic
 
 log = logging.getLogger(__name__)
 

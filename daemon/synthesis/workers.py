@@ -9,7 +9,7 @@ stays on one thread and one team.
 
 A ``Render`` is one text's chunks. Each step computes one chunk on a worker and hands it to
 the loop at once (``call_soon_threadsafe``); the worker goes on with the same render unless
-another is waiting. Then ``daemon.deadlines`` picks what goes next: a new stream's first
+another is waiting. Then ``daemon.synthesis.deadlines`` picks what goes next: a new stream's first
 chunk unless that would make a playing stream run out of audio, else the playing stream
 whose audio runs out first; a new stream waits while the playing ones leave no room for one
 more in real time. A render whose consumer has ``limit`` chunks it has not taken yet (a
@@ -72,7 +72,7 @@ class Workers:
         self._n = n
         self._streams: set[Render[Any]] = set()  # renders playing now, parked or not
         self.first_cost = FIRST_COST  # seconds a render's first chunk takes, running estimate
-        self.held = 0  # new streams waiting for room (see daemon.deadlines.admitted)
+        self.held = 0  # new streams waiting for room (see daemon.synthesis.deadlines.admitted)
         # The pace of whole windows (compute seconds per audio second), over every stream: a
         # stream's first windows are small and cost several times more per second of audio
         # than the windows it settles into, so admission counts a young stream at this pace.
@@ -142,7 +142,7 @@ class Workers:
     def _next(self, worker: _Worker, job: Job, due: DueOf | None, again: bool
               ) -> _Queued | None:
         """What ``worker`` runs after a step of ``job``: the same job if it wants to go on
-        and nobody waits, else what ``daemon.deadlines.pick`` says; None: it goes idle."""
+        and nobody waits, else what ``daemon.synthesis.deadlines.pick`` says; None: it goes idle."""
         with self._lock:
             if self._closed:
                 return None
@@ -182,7 +182,7 @@ class Workers:
 
     def _states(self) -> tuple[list[Due], list[float]]:
         """(Under the lock.) Where each waiting job stands, and the share of the workers each
-        playing stream needs: what ``daemon.deadlines`` decides from."""
+        playing stream needs: what ``daemon.synthesis.deadlines`` decides from."""
         return ([q.state(self.first_cost) for q in self._waiting],
                 [r.need for r in self._streams])
 
@@ -256,7 +256,7 @@ class Render(Generic[T]):
 
     Create it on the event loop; ``close`` it when done with it, whether or not it ran to
     the end: the generator is then closed on a worker, not on the loop. ``seconds`` (the
-    audio a chunk holds) makes it a stream with deadlines (``daemon.deadlines``); without
+    audio a chunk holds) makes it a stream with deadlines (``daemon.synthesis.deadlines``); without
     it, it takes its turn.
     """
 

@@ -30,7 +30,7 @@ from contextlib import suppress
 from functools import cache
 from typing import Any
 
-from .errors import HeraldError
+from ..errors import HeraldError
 
 log = logging.getLogger(__name__)
 

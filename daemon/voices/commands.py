@@ -1,5 +1,5 @@
 """``herald voices`` (installed), ``--available`` and ``download``: what the user sees of
-the voices (``daemon.voice_download`` does the fetching and checking)."""
+the voices (``daemon.voices.download`` does the fetching and checking)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 
 from tts import VoiceCatalog
 
-from .settings import load_settings
-from .voice_download import (
+from ..settings import load_settings
+from .download import (
     DownloadError,
     RemoteVoice,
     UnknownRemoteVoice,

@@ -17,8 +17,8 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .request import new_id
-from .settings import Settings
+from ..jobs.request import new_id
+from ..settings import Settings
 
 ANSWER_TIMEOUT = 10.0  # seconds to hear `queued` from a daemon
 CHARS_PER_SECOND = 5.0  # generous speaking budget beyond the answer

@@ -12,7 +12,7 @@ the next time; a finished file is checked against the catalog's size and MD5, an
 mismatch deletes it. Only when both files are complete and verified are they renamed into
 place, the config last: the catalog takes a voice from its ``.onnx.json``, so a broken or
 half-done download never looks like a voice. A running herald notices the new voice by
-itself (``daemon.voice_watch``).
+itself (``daemon.voices.watch``).
 
 Synchronous, on the standard library's ``urllib``: this is a command-line tool, one file
 at a time, and ``urllib`` also reads ``file://`` catalogs (a mirror on a USB stick).

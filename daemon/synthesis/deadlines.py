@@ -16,7 +16,7 @@ delays every playing stream, whether or not they have audio to spare. So:
   for one more in real time (the sum of their real-time factors); until then it waits, and
   says so, rather than making every stream stutter.
 
-Pure functions on plain values: ``daemon.workers`` measures and calls them.
+Pure functions on plain values: ``daemon.synthesis.workers`` measures and calls them.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ class Status:
     def __init__(self, state: DeviceState, version: str) -> None:
         self.state = state
         self.version = version
-        # The speaker/network scheduler (daemon.scheduler.Scheduler), once the service has one.
+        # The speaker/network scheduler (daemon.jobs.scheduler.Scheduler), once the service has one.
         self.scheduler: Any | None = None
         self.last_latency: dict[str, Any] | None = None
         self._listeners: list[Listener] = []

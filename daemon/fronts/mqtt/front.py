@@ -28,19 +28,19 @@ from typing import Any
 import paho.mqtt.client as mqtt
 
 from ...context import Context
-from ...logcontext import request_context
-from ...metrics import LatencyRecord, Timeline
-from ...request import Code, Limits, RequestError
-from ...scheduler import Scheduler
+from ...jobs.metrics import LatencyRecord, Timeline
+from ...jobs.request import Code, Limits, RequestError
+from ...jobs.scheduler import Scheduler
+from ...logs import request_context
+from ...mqtt.connection import Connection, call_soon
+from ...mqtt.reassembly import RecentIds
+from ...mqtt.retained import RetainedRefusals, refusal
+from ...mqtt.topics import AVAILABILITY_OFFLINE, AVAILABILITY_ONLINE, Topics, check_publish_topic
 from ...settings import MqttSettings
-from ...topics import AVAILABILITY_OFFLINE, AVAILABILITY_ONLINE, Topics, check_publish_topic
 from .commands import Commands
-from .connection import Connection, call_soon
 from .discovery import Discovery
 from .extension import Extension, Message, Route
 from .hermes import Hermes
-from .reassembly import RecentIds
-from .retained import RetainedRefusals, refusal
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class MqttFront:
     def error(self, topic: str, message: str, request_id: str | None = None,
               code: Code = "bad-request") -> None:
         """Log a refused message and answer it with an ``error`` event carrying the same code
-        every front uses (``daemon.request.Code``)."""
+        every front uses (``daemon.jobs.request.Code``)."""
         with request_context(request_id):
             log.warning("MQTT %s: %s", topic, message)
         self.ctx.metrics.request(self.name, "rejected")

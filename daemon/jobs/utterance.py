@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from tts.compose import Step
     from tts.options import SynthesisOptions
 
-    from .synthesis import Synthesis
+    from ..synthesis.contracts import Synthesis
 
 
 @dataclass(eq=False)
