@@ -22,7 +22,7 @@ from tts.options import SynthesisOptions
 from tts.text import MarkupError
 
 from . import __version__
-from .jobs.request import NOTHING_TO_SAY
+from .errors import NOTHING_TO_SAY
 from .settings import ConfigError, SynthesisSettings, VoicesSettings
 
 if TYPE_CHECKING:

@@ -16,7 +16,8 @@ from collections.abc import AsyncGenerator
 import pytest
 from test_scheduler import PacedSpeaker, rig, until
 
-from daemon.jobs.request import Request, RequestError
+from daemon.errors import RequestError
+from daemon.jobs.request import Request
 from tts import AudioFormat
 
 RATE = 16000

@@ -42,8 +42,9 @@ from mqtt_client import BASE, DEVICE, Client, Msg
 from paho.mqtt.enums import CallbackAPIVersion
 from synthetic_voice import VARIANTS, export_like_piper, random_model
 
+from daemon.errors import RequestError
 from daemon.fronts.mqtt.hermes import decode_wav
-from daemon.jobs.request import Limits, RequestError, parse_say, parse_stream_piece
+from daemon.jobs.request import Limits, parse_say, parse_stream_piece
 from daemon.mqtt.connection import Connection
 from daemon.settings import MqttSettings
 from tts import AudioFormat, SynthesisOptions, wav_bytes

@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from daemon.jobs.request import Limits, Request, RequestError, parse_stream_piece, stream_request
+from daemon.errors import RequestError
+from daemon.jobs.request import Limits, Request, parse_stream_piece, stream_request
 from daemon.mqtt.reassembly import Reassembly, RecentIds
 
 LIMITS = Limits(100, ("mqtt",), lambda name: name or "voice", lambda voice, speaker: None)

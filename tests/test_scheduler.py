@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 from audio_checks import assert_pcm_close, assert_speech, pcm16
 
+from daemon.errors import NOTHING_TO_SAY, RequestError
 from daemon.jobs.buffer import AudioBuffer
 from daemon.jobs.metrics import LatencyRecord, Metrics
-from daemon.jobs.request import NOTHING_TO_SAY, Request, RequestError, TextStream
+from daemon.jobs.request import Request, TextStream
 from daemon.jobs.scheduler import Scheduler
 from daemon.settings import SchedulerSettings
 from daemon.sinks.speaker import PlaybackStats

@@ -20,7 +20,7 @@ from typing import Any
 
 from tts import AudioFormat
 
-from ..jobs.request import RequestError
+from ..errors import RequestError
 from ..settings import MqttAudioSettings
 from ..sinks.mqtt_audio import MqttAudioStream
 from .messages import AudioStart, AudioStop

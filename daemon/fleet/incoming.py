@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, Callable
 
 from tts.audio import AudioFormat
 
-from ..jobs.request import RequestError
+from ..errors import RequestError
 from .messages import AudioStart, AudioStop
 
 

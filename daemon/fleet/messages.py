@@ -20,8 +20,8 @@ from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
-from ..errors import HeraldError
-from ..jobs.request import RATE_RANGE, SEED_RANGE, Code
+from ..errors import Code, HeraldError
+from ..jobs.request import RATE_RANGE, SEED_RANGE
 from ..settings.fleet import Role
 
 log = logging.getLogger(__name__)

@@ -39,7 +39,8 @@ from tts.errors import VoiceError
 from tts.options import SynthesisOptions
 from tts.text import SentenceBuffer
 
-from ..jobs.request import SEED_RANGE, Request, RequestError, failure
+from ..errors import RequestError, failure
+from ..jobs.request import SEED_RANGE, Request
 from ..jobs.utterance import skip_writing
 from ..settings import Settings
 from .incoming import Incoming

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 from tts.audio import AudioFormat
 
-from ..jobs.request import Request, RequestError
+from ..errors import RequestError
+from ..jobs.request import Request
 from ..jobs.scheduler import Scheduler
 from ..mqtt.reassembly import RecentIds
 from ..settings.fleet import FleetSettings

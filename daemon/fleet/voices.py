@@ -17,7 +17,7 @@ from tts.audio import AudioFormat
 from tts.errors import UnknownVoice, VoiceError
 from tts.options import DEFAULT_VOICE
 
-from ..jobs.request import RequestError
+from ..errors import RequestError
 from ..synthesis.contracts import pick_voice
 from .link import FleetLink
 from .messages import Presence, VoiceInfo, decode

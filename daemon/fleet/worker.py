@@ -34,17 +34,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from ..context import Context
-from ..jobs.request import (
-    Code,
-    Request,
-    RequestError,
-    TextStream,
-    TextTooLong,
-    check_ssml,
-    check_text,
-    failure,
-    refuse_control,
-)
+from ..errors import Code, RequestError, TextTooLong, failure
+from ..jobs.request import Request, TextStream, check_ssml, check_text, refuse_control
 from ..jobs.scheduler import Scheduler
 from ..logs import request_context
 from ..mqtt.reassembly import RecentIds

@@ -36,13 +36,14 @@ from typing import Any
 from tts.audio import AudioFormat
 from tts.options import SynthesisOptions
 
+from ..errors import NOTHING_TO_SAY, RequestError, failure
 from ..logs import context_for, request_context
 from ..settings import SchedulerSettings
 from ..sinks.protocol import NetworkSink, Speaker, SpeakerUnavailable
 from ..synthesis.contracts import AudioSource, Synthesis
 from .buffer import AudioBuffer
 from .metrics import LatencyRecord, Metrics, Timeline
-from .request import NOTHING_TO_SAY, Request, RequestError, failure
+from .request import Request
 from .utterance import (
     Lane,
     SynthesisFailed,

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 
 from tts.audio import AudioFormat, to_pcm16
 
+from ..errors import RequestError, failure
 from .buffer import AudioBuffer
 from .metrics import Timeline
-from .request import Request, RequestError, failure
+from .request import Request
 
 if TYPE_CHECKING:
     from tts.compose import Step

@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..jobs.request import Request, RequestError, StreamPiece, TextStream
+from ..errors import RequestError
+from ..jobs.request import Request, StreamPiece, TextStream
 
 log = logging.getLogger(__name__)
 

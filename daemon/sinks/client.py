@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from tts import AudioFormat
 
+from ..errors import RequestError
 from ..jobs.metrics import LatencyRecord
-from ..jobs.request import RequestError
 
 # Pieces of PCM (each one synthesized chunk, 50-500 ms of audio) waiting for the client.
 DEPTH = 4

@@ -108,7 +108,7 @@ class AudioSource(Protocol):
 
     ``pcm()`` is called once, when the scheduler would start synthesizing (the request's
     turn, or the one before it: prefetch); it yields s16le mono PCM in ``format`` and ends
-    at the audio's end, or raises ``daemon.jobs.request.RequestError`` saying why it cannot go
+    at the audio's end, or raises ``daemon.errors.RequestError`` saying why it cannot go
     on. Closing it (``aclose``: the request was stopped or its sinks left) gives the work up
     wherever it is done. ``waiting``: nothing comes because the request's text is still
     being written (a streamed text), which the watchdog must not count as stuck.

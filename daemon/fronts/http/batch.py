@@ -23,8 +23,9 @@ from aiohttp import hdrs, web
 
 from tts.codec import EXTENSIONS
 
+from ...errors import RequestError
 from ...jobs.metrics import Timeline
-from ...jobs.request import RequestError, parse_json
+from ...jobs.request import parse_json
 from .fields import (
     SPEECH_FIELDS,
     ApiError,

@@ -16,8 +16,8 @@ from tts import SynthesisOptions
 from tts.codec import CodecName
 from tts.text import MarkupError, TextFormat, parse_ssml
 
-from ...errors import HeraldError
-from ...jobs.request import RequestError, json_object
+from ...errors import HeraldError, RequestError
+from ...jobs.request import json_object
 
 log = logging.getLogger("daemon.fronts.http")
 
@@ -32,7 +32,7 @@ _FALSE = {"0", "false", "no", "off", ""}
 _REASONS = {400: "bad_request", 401: "unauthorized", 404: "not_found",
             405: "method_not_allowed", 408: "timeout", 413: "too_large",
             415: "unsupported_media_type", 429: "busy", 503: "unavailable"}
-# A request error's code (daemon.jobs.request.Code) as HTTP answers it: the status, and the
+# A request error's code (daemon.errors.Code) as HTTP answers it: the status, and the
 # outcome label when it is not the status's own.
 STATUS: dict[str, tuple[int, str | None]] = {
     "bad-request": (400, None), "bad-text": (400, None), "empty-text": (400, None),

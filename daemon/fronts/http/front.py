@@ -33,7 +33,7 @@ from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ...context import Context
-from ...jobs.request import RequestError
+from ...errors import RequestError
 from ...settings import HttpSettings
 from .. import is_loopback_host
 from ..limits import Connections

@@ -17,8 +17,9 @@ from tts.audio import AudioFormat
 from tts.codec import CONTENT_TYPES, output_format
 
 from ...context import Context
+from ...errors import RequestError
 from ...jobs.metrics import Timeline
-from ...jobs.request import RATE_RANGE, SEED_RANGE, Request, RequestError, check_text
+from ...jobs.request import RATE_RANGE, SEED_RANGE, Request, check_text
 from ...settings import HttpSettings
 from ...sinks.client import ClientSink
 from .fields import (

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from tts import VoiceError
 
+from ...errors import RequestError
 from ...jobs.request import (
     Request,
-    RequestError,
     decode_text,
     json_object,
     parse_json,

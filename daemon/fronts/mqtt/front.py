@@ -28,8 +28,9 @@ from typing import Any
 import paho.mqtt.client as mqtt
 
 from ...context import Context
+from ...errors import Code, RequestError
 from ...jobs.metrics import LatencyRecord, Timeline
-from ...jobs.request import Code, Limits, RequestError
+from ...jobs.request import Limits
 from ...jobs.scheduler import Scheduler
 from ...logs import request_context
 from ...mqtt.connection import Connection, call_soon
@@ -173,7 +174,7 @@ class MqttFront:
     def error(self, topic: str, message: str, request_id: str | None = None,
               code: Code = "bad-request") -> None:
         """Log a refused message and answer it with an ``error`` event carrying the same code
-        every front uses (``daemon.jobs.request.Code``)."""
+        every front uses (``daemon.errors.Code``)."""
         with request_context(request_id):
             log.warning("MQTT %s: %s", topic, message)
         self.ctx.metrics.request(self.name, "rejected")

@@ -20,15 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...jobs.request import (
-    Limits,
-    Request,
-    RequestError,
-    check_text,
-    decode_text,
-    json_object,
-    new_id,
-)
+from ...errors import RequestError
+from ...jobs.request import Limits, Request, check_text, decode_text, json_object, new_id
 from ...jobs.scheduler import TERMINAL
 from ...mqtt.topics import TopicError, Topics, check_request_id
 from .extension import Extension, Message, Route

@@ -63,7 +63,8 @@ from tts import (
 )
 from tts.text import TextFormat
 
-from ...jobs.request import RequestError, check_ssml, check_text
+from ...errors import RequestError
+from ...jobs.request import check_ssml, check_text
 from .output import AudioOut, StreamedText
 from .protocol import (
     FRONT,

@@ -16,8 +16,9 @@ from wyoming.tts import SynthesizeStopped
 from tts import AudioFormat, SynthesisOptions
 from tts.text import TextFormat
 
+from ...errors import RequestError
 from ...jobs.metrics import Timeline
-from ...jobs.request import Request, RequestError, TextStream, new_id, refuse_control
+from ...jobs.request import Request, TextStream, new_id, refuse_control
 from ...logs import current_request
 from ...sinks.client import ClientSink
 from .protocol import FRONT, ClientGone, ClientStalled, Refused, refusal

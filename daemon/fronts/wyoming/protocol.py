@@ -7,8 +7,8 @@ from typing import TypeVar, cast
 
 from wyoming.event import Event, Eventable
 
-from ...errors import HeraldError
-from ...jobs.request import RequestError, check_unicode
+from ...errors import HeraldError, RequestError
+from ...jobs.request import check_unicode
 
 PROGRAM = "herald"
 FRONT = "wyoming"
