@@ -44,8 +44,8 @@ from synthetic_voice import VARIANTS, export_like_piper, random_model
 
 from daemon.errors import RequestError
 from daemon.fronts.mqtt.hermes import decode_wav
-from daemon.jobs.request import Limits, parse_say, parse_stream_piece
 from daemon.mqtt.connection import Connection
+from daemon.mqtt.payload import Limits, parse_say, parse_stream_piece
 from daemon.settings import MqttSettings
 from tts import AudioFormat, SynthesisOptions, wav_bytes
 from tts.audio import wav_stream_header

@@ -10,7 +10,8 @@ from collections.abc import Callable
 import pytest
 
 from daemon.errors import RequestError
-from daemon.jobs.request import Limits, Request, parse_stream_piece, stream_request
+from daemon.jobs.request import Request
+from daemon.mqtt.payload import Limits, parse_stream_piece, stream_request
 from daemon.mqtt.reassembly import Reassembly, RecentIds
 
 LIMITS = Limits(100, ("mqtt",), lambda name: name or "voice", lambda voice, speaker: None)

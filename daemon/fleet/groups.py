@@ -30,7 +30,8 @@ from typing import Any, get_args
 from ..errors import Code, RequestError
 from ..fronts.mqtt.commands import stop_target
 from ..jobs.metrics import Timeline
-from ..jobs.request import Limits, Request, parse_say, parse_stream_piece, stream_request
+from ..jobs.request import Request
+from ..mqtt.payload import Limits, parse_say, parse_stream_piece, stream_request
 from ..mqtt.reassembly import Cancellable, Reassembly, RecentIds
 from ..mqtt.retained import RetainedRefusals, refusal
 from ..settings import Settings

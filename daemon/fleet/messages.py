@@ -21,7 +21,7 @@ from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
 from ..errors import Code, HeraldError
-from ..jobs.request import RATE_RANGE, SEED_RANGE
+from ..jobs.fields import RATE_RANGE, SEED_RANGE
 from ..settings.fleet import Role
 
 log = logging.getLogger(__name__)

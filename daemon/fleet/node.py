@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import __version__
 from ..fronts.mqtt.discovery import group_discovery_payload, group_discovery_topic
-from ..jobs.request import Limits
+from ..mqtt.payload import Limits
 from ..settings import Settings
 from .groups import Groups
 from .link import FleetLink

@@ -40,7 +40,8 @@ from tts.options import SynthesisOptions
 from tts.text import SentenceBuffer
 
 from ..errors import RequestError, failure
-from ..jobs.request import SEED_RANGE, Request
+from ..jobs.fields import SEED_RANGE
+from ..jobs.request import Request
 from ..jobs.utterance import skip_writing
 from ..settings import Settings
 from .incoming import Incoming

@@ -35,7 +35,8 @@ from typing import Any, cast
 
 from ..context import Context
 from ..errors import Code, RequestError, TextTooLong, failure
-from ..jobs.request import Request, TextStream, check_ssml, check_text, refuse_control
+from ..jobs.fields import check_ssml, check_text, refuse_control
+from ..jobs.request import Request, TextStream
 from ..jobs.scheduler import Scheduler
 from ..logs import request_context
 from ..mqtt.reassembly import RecentIds

@@ -1,4 +1,4 @@
-"""One request to speak, whatever front it came from, and the parsing of MQTT payloads into it.
+"""One request to speak, whatever front it came from.
 
 A request's text is either known up front (``say``) or arrives piece by piece
 (``say/stream``, an LLM typing) through a ``TextStream``, whose sentences the engine's
@@ -10,22 +10,14 @@ SSML (``Request.text_format``).
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 import secrets
-import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from tts.text import TextFormat
 
-from tts.errors import VoiceError
-from tts.text import MarkupError, TextFormat, parse_ssml
-from tts.text.markup import MAX_RATE, MIN_RATE
-
-from ..errors import EmptyText, RequestError, TextTooLong, failure
-from ..mqtt.topics import TopicError, check_request_id
+from ..errors import RequestError
 from .metrics import Timeline
 
 if TYPE_CHECKING:
@@ -37,12 +29,8 @@ if TYPE_CHECKING:
 
 Mode = Literal["queue", "interrupt"]
 SINKS = ("speaker", "mqtt")
-# A request's ``rate`` (a length scale, > 1 slower), the same on every front: the bounds of
-# markup's speed factors, which are symmetric around 1, so they bound either reading.
-RATE_RANGE = (MIN_RATE, MAX_RATE)
-# A request's ``seed``, the same range on every front. torch's generator takes any 64-bit
-# value; a bigger one would fail only when synthesis starts, after ``queued`` and ``started``.
-SEED_RANGE = (0, 2**63 - 1)
+
+
 def new_id() -> str:
     """Short and unique enough to tell a day of requests apart in logs and topics."""
     return secrets.token_hex(4)
@@ -188,249 +176,3 @@ class Request:
             gain=base.gain * self.volume,
             seed=self.seed,
         )
-
-
-# --------------------------------------------------------------------------- MQTT payloads
-
-
-class _Fields(BaseModel):
-    """The JSON fields of `say` (and of the first `say/stream` piece)."""
-
-    # NaN and infinity are valid JSON to Python's parser; no field here means anything by them
-    # (a NaN ts would even pass the max_age check).
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-    text: str
-    id: str | None = None
-    voice: str | None = None
-    speaker: str | int | None = None
-    rate: float | None = Field(None, ge=RATE_RANGE[0], le=RATE_RANGE[1])
-    volume: float | None = Field(None, ge=0, le=1)
-    mode: Mode = "queue"
-    priority: int = Field(0, ge=-1000, le=1000)
-    sinks: list[str] | None = None
-    ts: float | None = None
-    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
-    noise_scale: float | None = Field(None, ge=0, le=2)
-    noise_w: float | None = Field(None, ge=0, le=2)
-    format: TextFormat = "text"
-
-    @field_validator("speaker", mode="before")
-    @classmethod
-    def _speaker(cls, v: object) -> object:
-        """One message for the union (pydantic would report "speaker.str: Input should be a
-        valid string" for 1.5); true/false are not speaker numbers."""
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (str, int))):
-            shown = json.dumps(v) if isinstance(v, (bool, float)) else f"a {type(v).__name__}"
-            raise ValueError(f"must be a speaker name or a whole number (its index), not {shown}")
-        return v
-
-    @field_validator("sinks")
-    @classmethod
-    def _sinks(cls, v: list[str] | None) -> list[str] | None:
-        if v is not None:
-            bad = [s for s in v if s not in SINKS]
-            if bad or not v:
-                raise ValueError(f"sinks must be a non-empty list of {', '.join(SINKS)}")
-        return v
-
-
-class _StreamFields(_Fields):
-    id: str  # required: it ties the pieces together
-    seq: int | None = Field(None, ge=0)
-    final: bool = False
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What the front allows, and how it resolves names (checked before anything queues)."""
-
-    max_text: int
-    default_sinks: tuple[str, ...]
-    resolve_voice: Callable[[str | None], str]  # name or None -> installed name (UnknownVoice)
-    check_speaker: Callable[[str, str | int | None], None]  # installed voice, speaker (VoiceError)
-    max_age: float | None = None
-
-
-# C0 controls but tab and line breaks, and DEL: in a text field they are binary junk or a
-# broken client, never something to pronounce.
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-
-
-def decode_text(payload: bytes) -> str:
-    """Strict UTF-8 with no control characters other than tab and line breaks."""
-    try:
-        text = payload.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise RequestError(f"payload is not valid UTF-8 (byte {e.start}); send UTF-8 text "
-                           "or JSON", code="bad-text") from None
-    if _CONTROL.search(text):
-        raise RequestError("payload contains binary data (control characters); send UTF-8 "
-                           "text or JSON", code="bad-text")
-    return text
-
-
-def parse_json(text: str) -> Any:
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise RequestError(f"malformed JSON: {e}") from None
-    except RecursionError:  # [[[[...: Python's parser recurses once per level
-        raise RequestError("malformed JSON: nested too deeply; send a flat object like "
-                           '{"text": "..."}') from None
-    if _SURROGATE_ESCAPE.search(text):
-        check_unicode(json.dumps(data, ensure_ascii=False), "JSON")
-    return data
-
-
-# A \uD800-\uDFFF escape: JSON may pair two into one character, or leave one unpaired.
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
-
-
-def check_unicode(text: str, what: str = "text") -> str:
-    """Refuse an unpaired UTF-16 surrogate (JSON can carry one as ``"\\ud800"``): it is no
-    character, and espeak-ng, which takes UTF-8, would fail on it mid-synthesis."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise RequestError(f"{what} holds an unpaired UTF-16 surrogate "
-                           f"(U+{ord(text[e.start]):04X}); send valid Unicode") from None
-    return text
-
-
-def json_object(text: str, example: str = '{"text": "..."}') -> dict[str, Any]:
-    data = parse_json(text)
-    if not isinstance(data, dict):
-        raise RequestError(f"JSON payload must be an object like {example}")
-    return data
-
-
-def _validation_message(e: ValidationError) -> str:
-    err = e.errors()[0]
-    where = ".".join(str(p) for p in err["loc"])
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        msg = "unknown field"
-    elif err["type"] == "missing":
-        msg = "required field missing"
-    return f"{where}: {msg}" if where else msg
-
-
-def refuse_control(text: str, id: str | None = None, *, field: str = "text",
-                   where: str = "") -> str:
-    """Refuse control characters in a text or a streamed piece of one."""
-    control = _CONTROL.search(text)
-    if control:
-        raise RequestError(f"{where}{field} holds a control character "
-                           f"(U+{ord(control.group()):04X} at {control.start()}); send plain "
-                           "text", id, "bad-text")
-    return text
-
-
-def check_text(text: str, max_text: int, setting: str, id: str | None = None, *,
-               field: str = "text", where: str = "",
-               hint: str = "split it into several requests") -> str:
-    """The one verdict on a text, whatever front it came from: refuse control characters,
-    text with nothing to say in it, or more than ``max_text`` characters (``setting`` names
-    the limit's key, so the message says what could be changed). Each front answers in its
-    own protocol (HTTP: 400 and 413; MQTT: an error event; Wyoming: an error)."""
-    refuse_control(text, id, field=field, where=where)
-    if not text.strip():
-        raise EmptyText(f"{where}empty {field}: nothing to say", id)
-    if len(text) > max_text:
-        raise TextTooLong(f"{where}{field} is {len(text)} characters; the limit is {max_text} "
-                          f"({setting}): {hint}", id)
-    return text
-
-
-def _build(f: _Fields, limits: Limits, front: str, timeline: Timeline | None,
-           stream: TextStream | None = None) -> Request:
-    rid = f.id
-    if rid is not None:
-        try:
-            check_request_id(rid)
-        except TopicError as e:
-            raise RequestError(str(e)) from None
-    if limits.max_age is not None and f.ts is not None:
-        age = time.time() - f.ts
-        if age > limits.max_age:
-            raise RequestError(f"request is {age:.0f} s old (ts), older than mqtt.max_age "
-                               f"{limits.max_age:g} s: not spoken late", rid, "too-old")
-    try:
-        voice = limits.resolve_voice(f.voice)
-        limits.check_speaker(voice, f.speaker)
-    except VoiceError as e:
-        raise failure(e, rid) from None
-    except RequestError as e:  # the voices are elsewhere, and unreachable (a satellite's)
-        raise RequestError(str(e), rid, e.code) from None
-    if f.format == "ssml" and stream is None:
-        check_ssml(f.text, rid)
-    req = Request(text=f.text, voice=voice, speaker=f.speaker, rate=f.rate,
-                  volume=1.0 if f.volume is None else f.volume, mode=f.mode,
-                  priority=f.priority,
-                  sinks=tuple(dict.fromkeys(f.sinks)) if f.sinks else limits.default_sinks,
-                  ts=f.ts, front=front, timeline=timeline or Timeline(), seed=f.seed,
-                  noise_scale=f.noise_scale, noise_w=f.noise_w, stream=stream,
-                  text_format=f.format)
-    if rid is not None:
-        req.id = rid
-    return req
-
-
-def check_ssml(text: str, request_id: str | None = None) -> None:
-    """Refuse malformed SSML before anything is queued (the engine would refuse it too, but
-    only once the request's turn came, after ``queued`` and ``started``)."""
-    try:
-        parse_ssml(text)
-    except MarkupError as e:
-        raise RequestError(str(e), request_id, "bad-markup") from None
-
-
-def parse_say(payload: bytes, limits: Limits, front: str = "mqtt",
-              timeline: Timeline | None = None) -> Request:
-    """A `say` payload: plain UTF-8 text, or a JSON object with at least ``text``."""
-    text = decode_text(payload)
-    if not text.lstrip().startswith("{"):
-        check_text(text, limits.max_text, "mqtt.max_text")
-        return _build(_Fields(text=text), limits, front, timeline)
-    data = json_object(text)
-    rid = data.get("id") if isinstance(data.get("id"), str) else None
-    try:
-        f = _Fields.model_validate(data)
-    except ValidationError as e:
-        raise RequestError(_validation_message(e), rid) from None
-    check_text(f.text, limits.max_text, "mqtt.max_text", rid)
-    return _build(f, limits, front, timeline)
-
-
-@dataclass(frozen=True)
-class StreamPiece:
-    id: str
-    seq: int | None
-    text: str
-    final: bool
-    fields: _StreamFields
-
-
-def parse_stream_piece(payload: bytes) -> StreamPiece:
-    """One `say/stream` piece: JSON ``{id, seq, text, final}`` (+ request fields on the first)."""
-    data = json_object(decode_text(payload))
-    rid = data.get("id") if isinstance(data.get("id"), str) else None
-    try:
-        f = _StreamFields.model_validate(data)
-    except ValidationError as e:
-        raise RequestError(_validation_message(e), rid) from None
-    try:
-        check_request_id(f.id)
-    except TopicError as e:
-        raise RequestError(str(e)) from None
-    return StreamPiece(f.id, f.seq, refuse_control(f.text, f.id), f.final, f)
-
-
-def stream_request(piece: StreamPiece, limits: Limits, front: str = "mqtt",
-                   timeline: Timeline | None = None) -> Request:
-    """The request a stream's first piece opens; its text arrives through ``req.stream``."""
-    stream = TextStream()
-    req = _build(piece.fields, limits, front, timeline, stream=stream)
-    req.text = ""  # grows as pieces arrive (the front feeds the stream in order)
-    return req

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..errors import RequestError
-from ..jobs.request import Request, StreamPiece, TextStream
+from ..jobs.request import Request, TextStream
+from .payload import StreamPiece
 
 log = logging.getLogger(__name__)
 

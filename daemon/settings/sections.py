@@ -21,7 +21,7 @@ from tts.memory import KeepWarm
 from tts.resources import DEFAULT_BASE_URL
 
 from ..errors import HeraldError
-from ..jobs.request import RATE_RANGE
+from ..jobs.fields import RATE_RANGE
 from ..voices.download import DEFAULT_CATALOG
 
 DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")

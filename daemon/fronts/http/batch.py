@@ -24,8 +24,8 @@ from aiohttp import hdrs, web
 from tts.codec import EXTENSIONS
 
 from ...errors import RequestError
+from ...jobs.fields import parse_json
 from ...jobs.metrics import Timeline
-from ...jobs.request import parse_json
 from .fields import (
     SPEECH_FIELDS,
     ApiError,

@@ -17,7 +17,7 @@ from tts.codec import CodecName
 from tts.text import MarkupError, TextFormat, parse_ssml
 
 from ...errors import HeraldError, RequestError
-from ...jobs.request import json_object
+from ...jobs.fields import json_object
 
 log = logging.getLogger("daemon.fronts.http")
 

@@ -12,8 +12,8 @@ from dataclasses import replace
 
 from aiohttp import web
 
+from ...jobs.fields import RATE_RANGE
 from ...jobs.metrics import Timeline
-from ...jobs.request import RATE_RANGE
 from .fields import ApiError, Speech, number_field, read_fields, string_field
 from .formats import response_format_field, stream_format_field
 from .speech import SpeechApi

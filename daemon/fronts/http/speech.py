@@ -18,8 +18,9 @@ from tts.codec import CONTENT_TYPES, output_format
 
 from ...context import Context
 from ...errors import RequestError
+from ...jobs.fields import RATE_RANGE, SEED_RANGE, check_text
 from ...jobs.metrics import Timeline
-from ...jobs.request import RATE_RANGE, SEED_RANGE, Request, check_text
+from ...jobs.request import Request
 from ...settings import HttpSettings
 from ...sinks.client import ClientSink
 from .fields import (

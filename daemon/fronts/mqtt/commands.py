@@ -22,16 +22,10 @@ from typing import TYPE_CHECKING, Any
 from tts import VoiceError
 
 from ...errors import RequestError
-from ...jobs.request import (
-    Request,
-    decode_text,
-    json_object,
-    parse_json,
-    parse_say,
-    parse_stream_piece,
-    stream_request,
-)
+from ...jobs.fields import json_object, parse_json
+from ...jobs.request import Request
 from ...jobs.scheduler import TERMINAL
+from ...mqtt.payload import decode_text, parse_say, parse_stream_piece, stream_request
 from ...mqtt.reassembly import Cancellable, Reassembly
 from .extension import Extension, Message, Route
 

@@ -30,10 +30,10 @@ import paho.mqtt.client as mqtt
 from ...context import Context
 from ...errors import Code, RequestError
 from ...jobs.metrics import LatencyRecord, Timeline
-from ...jobs.request import Limits
 from ...jobs.scheduler import Scheduler
 from ...logs import request_context
 from ...mqtt.connection import Connection, call_soon
+from ...mqtt.payload import Limits
 from ...mqtt.reassembly import RecentIds
 from ...mqtt.retained import RetainedRefusals, refusal
 from ...mqtt.topics import AVAILABILITY_OFFLINE, AVAILABILITY_ONLINE, Topics, check_publish_topic

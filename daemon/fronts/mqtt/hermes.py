@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...errors import RequestError
-from ...jobs.request import Limits, Request, check_text, decode_text, json_object, new_id
+from ...jobs.fields import check_text, json_object
+from ...jobs.request import Request, new_id
 from ...jobs.scheduler import TERMINAL
+from ...mqtt.payload import Limits, decode_text
 from ...mqtt.topics import TopicError, Topics, check_request_id
 from .extension import Extension, Message, Route
 

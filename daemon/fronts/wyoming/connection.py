@@ -64,7 +64,7 @@ from tts import (
 from tts.text import TextFormat
 
 from ...errors import RequestError
-from ...jobs.request import check_ssml, check_text
+from ...jobs.fields import check_ssml, check_text
 from .output import AudioOut, StreamedText
 from .protocol import (
     FRONT,

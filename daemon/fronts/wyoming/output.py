@@ -17,8 +17,9 @@ from tts import AudioFormat, SynthesisOptions
 from tts.text import TextFormat
 
 from ...errors import RequestError
+from ...jobs.fields import refuse_control
 from ...jobs.metrics import Timeline
-from ...jobs.request import Request, TextStream, new_id, refuse_control
+from ...jobs.request import Request, TextStream, new_id
 from ...logs import current_request
 from ...sinks.client import ClientSink
 from .protocol import FRONT, ClientGone, ClientStalled, Refused, refusal

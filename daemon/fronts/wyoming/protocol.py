@@ -8,7 +8,7 @@ from typing import TypeVar, cast
 from wyoming.event import Event, Eventable
 
 from ...errors import HeraldError, RequestError
-from ...jobs.request import check_unicode
+from ...jobs.fields import check_unicode
 
 PROGRAM = "herald"
 FRONT = "wyoming"
