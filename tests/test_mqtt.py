@@ -160,22 +160,24 @@ def test_say_payload_plain_text_and_json(limits: Limits) -> None:
     (b"", "empty text"), (b"   \n", "empty text"), (b"x" * 201, "limit is 200"),
     (b"\xff\xfe", "not valid UTF-8"), (b"abc\x00def", "binary data"),
     (b'{"text": "hi"', "malformed JSON"), (b'{"text": ""}', "empty text"),
-    (b'{"txt": "hi"}', "text: required field missing"), (b'{"text": "hi", "x": 1}', "x: unknown"),
+    (b'{"txt": "hi"}', "missing 'text': the text to speak"),
+    (b'{"text": "hi", "x": 1}', "unknown field 'x'"),
     (b'{"text": "hi", "voice": "nobody"}', "unknown voice"),
-    (b'{"text": "hi", "rate": 0}', "rate: Input should be greater than or equal to 0.25"),
-    (b'{"text": "hi", "rate": 10}', "rate: Input should be less than or equal to 4"),
+    (b'{"text": "hi", "rate": 0}', "'rate' is 0.0; it must be from 0.25 to 4.0"),
+    (b'{"text": "hi", "rate": 10}', "'rate' is 10.0; it must be from 0.25 to 4.0"),
     (b'{"text": "hi", "speaker": "bob"}', "has a single speaker; got 'bob'"),  # before queueing
-    (b'{"text": "hi", "mode": "now"}', "mode: Input should be 'queue' or 'interrupt'"),
+    (b'{"text": "hi", "mode": "now"}', "'mode' must be one of queue, interrupt, not 'now'"),
     (b'{"text": "hi", "priority": true}', "priority"),
     (b'{"text": "hi", "sinks": "mqtt"}', "sinks"), (b'{"text": "hi", "id": "a+b"}', "id"),
     (b'{"text": "hi", "ts": 1}', "not spoken late"),
     (b'{"text": "hi", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}", "malformed JSON: nested too"),
     (b'{"text": "hi \\ud800"}', "JSON holds an unpaired UTF-16 surrogate (U+D800)"),
-    (b'{"text": "hi", "ts": NaN}', "ts: Input should be a finite number"),  # would pass max_age
-    (b'{"text": "hi", "rate": NaN}', "rate: Input should be a finite number"),
-    (b'{"text": "hi", "seed": 1208925819614629174706176}', "seed: Input should be less than"),
-    (b'{"text": "hi", "speaker": 1.5}', "speaker: must be a speaker name or a whole number"),
-    (b'{"text": "hi", "speaker": true}', "speaker: must be a speaker name or a whole number"),
+    (b'{"text": "hi", "ts": NaN}', "'ts' must be a number, not nan"),  # would pass max_age
+    (b'{"text": "hi", "rate": NaN}', "'rate' must be a number from 0.25 to 4.0, not nan"),
+    (b'{"text": "hi", "seed": 1208925819614629174706176}',
+     "'seed' is 1208925819614629174706176; it must be from 0 to"),
+    (b'{"text": "hi", "speaker": 1.5}', "'speaker' must be a speaker name or a whole number"),
+    (b'{"text": "hi", "speaker": true}', "'speaker' must be a speaker name or a whole number"),
     (b'{"text": "hi", "id": "' + b"x" * 5000 + b'"}', "id of 5000 characters is not usable"),
 ])
 def test_say_payload_errors(limits: Limits, payload: bytes, message: str) -> None:
@@ -192,14 +194,14 @@ def test_say_payload_ssml(limits: Limits) -> None:
         parse_say(b'{"text": "<speak>Hi <break></speak>", "format": "ssml", "id": "m1"}',
                   limits)
     assert e.value.id == "m1"
-    with pytest.raises(RequestError, match="format: Input should be 'text' or 'ssml'"):
+    with pytest.raises(RequestError, match="'format' must be one of text, ssml, not 'html'"):
         parse_say(b'{"text": "hi", "format": "html"}', limits)
 
 
 def test_stream_piece_payload() -> None:
     p = parse_stream_piece(b'{"id": "s1", "seq": 2, "text": "more ", "final": true}')
     assert (p.id, p.seq, p.text, p.final) == ("s1", 2, "more ", True)
-    with pytest.raises(RequestError, match="id: required"):
+    with pytest.raises(RequestError, match="missing 'id': it ties a stream's pieces together"):
         parse_stream_piece(b'{"text": "x"}')
     with pytest.raises(RequestError, match="seq"):
         parse_stream_piece(b'{"id": "s1", "seq": -1, "text": "x"}')

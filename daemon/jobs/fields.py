@@ -6,10 +6,12 @@ with the same words wherever it came from."""
 from __future__ import annotations
 
 import json
+import math
 import re
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from tts.text import MarkupError, TextFormat, parse_ssml
 from tts.text.markup import MAX_RATE, MIN_RATE
@@ -25,46 +27,207 @@ RATE_RANGE = (MIN_RATE, MAX_RATE)
 SEED_RANGE = (0, 2**63 - 1)
 
 
-class Fields(BaseModel):
-    """A request's fields, as every front reads them."""
+# A field's value given as text (an HTTP form or query string): the words that mean true/false.
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+# Why a required field is needed, said when it is missing.
+_NEEDED = {"text": "the text to speak", "id": "it ties a stream's pieces together"}
 
-    # NaN and infinity are valid JSON to Python's parser; no field here means anything by them
-    # (a NaN ts would even pass the max_age check).
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+def kind_of(value: object) -> str:
+    """A value's JSON kind, as a refusal names what was sent instead."""
+    return {dict: "an object", list: "a list", bool: "true/false", type(None): "null",
+            int: "a number", float: "a number", str: "a string"}.get(type(value), "that")
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """A value as a refusal quotes it: a 5000-digit ``seed`` is not echoed whole."""
+    text = json.dumps(value) if isinstance(value, bool) or value is None else repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
+def absent(value: object, strings: bool) -> bool:
+    """No value: null, or (where every value is text: a form, a query) an empty string."""
+    return value is None or (strings and value == "")
+
+
+def string(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name!r} must be a string, not {kind_of(value)}")
+    return value
+
+
+def number(value: object, name: str, lo: float | None, hi: float | None,
+           integer: bool = False, strings: bool = False) -> float:
+    """A number within [lo, hi] (either bound None: open), refused in one wording on every
+    front. A whole float (2.0) is a whole number; true/false, NaN and infinity are no
+    numbers; a string is one only where every value is text (``strings``)."""
+    kind = "a whole number" if integer else "a number"
+    bounds = (f" from {lo} to {hi}" if lo is not None and hi is not None
+              else f" of {lo} or more" if lo is not None else "")
+    allowed = (f"from {lo} to {hi}" if lo is not None and hi is not None
+               else f"{lo} or more" if lo is not None else f"{hi} or less")
+    try:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError
+        if isinstance(value, str) and not strings:
+            raise ValueError
+        if integer and isinstance(value, float) and not value.is_integer():
+            raise ValueError  # int(1.5) would quietly be 1
+        parsed = int(value) if integer and not isinstance(value, float) else float(value)
+        if not math.isfinite(parsed):
+            raise ValueError
+        result = int(parsed) if integer else parsed
+    except (ValueError, OverflowError):  # OverflowError: float(10**400)
+        raise ValueError(f"{name!r} must be {kind}{bounds}, not {shown(value)}") from None
+    if (lo is not None and result < lo) or (hi is not None and result > hi):
+        raise ValueError(f"{name!r} is {shown(result)}; it must be {allowed}")
+    return result
+
+
+def boolean(value: object, name: str, strings: bool = False) -> bool:
+    if isinstance(value, bool):
+        return value
+    if strings and isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(f"{name!r} must be true or false, not {shown(value)}")
+
+
+def choice(value: object, name: str, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name!r} must be one of {', '.join(choices)}, not {shown(value)}")
+    return value
+
+
+def unknown_field(key: str, known: Iterable[str], where: str = "") -> RequestError:
+    """A field nobody reads: refused, since a misspelt ``voise`` would otherwise be spoken in
+    the default voice without a word."""
+    return RequestError(f"{where}unknown field {shown(key)}; known fields: "
+                        f"{', '.join(sorted(known))}")
+
+
+def _strings(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get("strings"))
+
+
+def _name(info: ValidationInfo) -> str:
+    """The field's name as the client sent it (OpenAI's ``input`` is our ``text``)."""
+    names = info.context.get("names", {}) if info.context else {}
+    field = info.field_name or ""
+    return str(names.get(field, field))
+
+
+class Fields(BaseModel):
+    """A request's fields, as every front reads them: a field means the same, and is refused
+    in the same words (``read``), whichever front it came through. A front reads into it
+    only the fields its wire form has; what that form alone has (HTTP's ``stream``, Hermes'
+    ``siteId``, Wyoming's event structure) stays the front's."""
+
+    # Every field's own validator below checks and converts its value (strictly: a number in
+    # a JSON string is no number), so the refusal names the field and what it takes.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     text: str
     id: str | None = None
     voice: str | None = None
     speaker: str | int | None = None
-    rate: float | None = Field(None, ge=RATE_RANGE[0], le=RATE_RANGE[1])
-    volume: float | None = Field(None, ge=0, le=1)
+    rate: float | None = None  # length scale, > 1 slower
+    volume: float | None = None
     mode: Mode = "queue"
-    priority: int = Field(0, ge=-1000, le=1000)
+    priority: int = 0  # higher first
     sinks: list[str] | None = None
-    ts: float | None = None
-    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
-    noise_scale: float | None = Field(None, ge=0, le=2)
-    noise_w: float | None = Field(None, ge=0, le=2)
+    ts: float | None = None  # the sender's wall clock (Unix seconds) when it asked
+    seed: int | None = None
+    noise_scale: float | None = None
+    noise_w: float | None = None
     format: TextFormat = "text"
+
+    @classmethod
+    def read(cls, data: Mapping[str, Any], request_id: str | None = None, *, where: str = "",
+             strings: bool = False, names: Mapping[str, str] | None = None) -> Self:
+        """``data`` as these fields, or a ``RequestError`` saying which field is wrong and what
+        it takes. ``strings``: every value came as text (a form, a query string), so "1.5" is
+        a number there and "" no value; ``names``: a field's name on the front's wire."""
+        try:
+            return cls.model_validate(data, context={"strings": strings,
+                                                     "names": dict(names or {})})
+        except ValidationError as e:
+            message = validation_message(e, cls.model_fields, names)
+            raise RequestError(where + message, request_id) from None
+
+    @field_validator("text", mode="before")
+    @classmethod
+    def _text(cls, v: object, info: ValidationInfo) -> str:
+        name = _name(info)
+        if v is None:
+            raise ValueError(f"missing {name!r}: {_NEEDED['text']}")
+        return string(v, name)
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id(cls, v: object, info: ValidationInfo) -> str | None:
+        return None if v is None else string(v, _name(info))
+
+    @field_validator("voice", mode="before")
+    @classmethod
+    def _voice(cls, v: object, info: ValidationInfo) -> str | None:
+        """An empty voice is no voice: the default one speaks, on every front."""
+        return None if v is None or v == "" else string(v, _name(info))
 
     @field_validator("speaker", mode="before")
     @classmethod
-    def _speaker(cls, v: object) -> object:
-        """One message for the union (pydantic would report "speaker.str: Input should be a
-        valid string" for 1.5); true/false are not speaker numbers."""
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (str, int))):
-            shown = json.dumps(v) if isinstance(v, (bool, float)) else f"a {type(v).__name__}"
-            raise ValueError(f"must be a speaker name or a whole number (its index), not {shown}")
+    def _speaker(cls, v: object, info: ValidationInfo) -> str | int | None:
+        """A speaker's name or its index; true/false and 1.5 are neither."""
+        if v is None or v == "":
+            return None
+        if isinstance(v, bool) or not isinstance(v, (str, int)):
+            got = repr(v) if isinstance(v, float) else kind_of(v)  # 1.5, not "a number"
+            raise ValueError(f"{_name(info)!r} must be a speaker name or a whole number (its "
+                             f"index), not {got}")
         return v
 
-    @field_validator("sinks")
+    @field_validator("rate", "volume", "noise_scale", "noise_w", "ts", "seed", "priority",
+                     mode="before")
     @classmethod
-    def _sinks(cls, v: list[str] | None) -> list[str] | None:
-        if v is not None:
-            bad = [s for s in v if s not in SINKS]
-            if bad or not v:
-                raise ValueError(f"sinks must be a non-empty list of {', '.join(SINKS)}")
+    def _number(cls, v: object, info: ValidationInfo) -> float | None:
+        strings = _strings(info)
+        if absent(v, strings):
+            if info.field_name == "priority":
+                return 0
+            return None
+        lo, hi, integer = _NUMBERS[info.field_name or ""]
+        return number(v, _name(info), lo, hi, integer, strings)
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode(cls, v: object, info: ValidationInfo) -> str:
+        return "queue" if absent(v, _strings(info)) else choice(v, _name(info), MODES)
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _format(cls, v: object, info: ValidationInfo) -> str:
+        return "text" if absent(v, _strings(info)) else choice(v, _name(info), TEXT_FORMATS)
+
+    @field_validator("sinks", mode="before")
+    @classmethod
+    def _sinks(cls, v: object, info: ValidationInfo) -> list[str] | None:
+        if v is None:
+            return None
+        if (not isinstance(v, list) or not v
+                or not all(isinstance(s, str) and s in SINKS for s in v)):
+            raise ValueError(f"{_name(info)!r} must be a non-empty list of "
+                             f"{', '.join(SINKS)}, not {shown(v)}")
         return v
+
+
+MODES: tuple[Mode, ...] = ("queue", "interrupt")
+TEXT_FORMATS: tuple[TextFormat, ...] = ("text", "ssml")
+# Each number field's range and whether it is whole.
+_NUMBERS: dict[str, tuple[float | None, float | None, bool]] = {
+    "rate": (*RATE_RANGE, False), "volume": (0, 1, False), "noise_scale": (0, 2, False),
+    "noise_w": (0, 2, False), "ts": (None, None, False), "seed": (*SEED_RANGE, True),
+    "priority": (-1000, 1000, True), "seq": (0, None, True),
+}
 
 
 # C0 controls but tab and line breaks, and DEL: in a text field they are binary junk or a
@@ -107,15 +270,21 @@ def json_object(text: str, example: str = '{"text": "..."}') -> dict[str, Any]:
     return data
 
 
-def validation_message(e: ValidationError) -> str:
+def validation_message(e: ValidationError, known: Iterable[str] = (),
+                       names: Mapping[str, str] | None = None) -> str:
+    """The first fault pydantic found, in the words every front refuses it with; ``known``:
+    the fields the model takes, which a refusal of an unknown one lists."""
     err = e.errors()[0]
-    where = ".".join(str(p) for p in err["loc"])
-    msg = err["msg"].removeprefix("Value error, ")
+    loc = [str(p) for p in err["loc"]]
+    names = names or {}
+    field = names.get(loc[0], loc[0]) if loc else ""
     if err["type"] == "extra_forbidden":
-        msg = "unknown field"
-    elif err["type"] == "missing":
-        msg = "required field missing"
-    return f"{where}: {msg}" if where else msg
+        return str(unknown_field(field, (names.get(k, k) for k in known)))
+    if err["type"] == "missing":
+        need = _NEEDED.get(loc[0], "") if loc else ""
+        return f"missing {field!r}" + (f": {need}" if need else "")
+    msg = err["msg"].removeprefix("Value error, ")
+    return msg if err["type"] == "value_error" or not loc else f"{field!r}: {msg}"
 
 
 def refuse_control(text: str, id: str | None = None, *, field: str = "text",

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pydantic import Field, ValidationError
+from pydantic import field_validator
 
 from tts.errors import VoiceError
 
@@ -15,11 +15,13 @@ from ..errors import RequestError, failure
 from ..jobs.fields import (
     CONTROL,
     Fields,
+    boolean,
     check_ssml,
     check_text,
     json_object,
+    number,
     refuse_control,
-    validation_message,
+    string,
 )
 from ..jobs.metrics import Timeline
 from ..jobs.request import Request, TextStream
@@ -27,9 +29,29 @@ from .topics import TopicError, check_request_id
 
 
 class _StreamFields(Fields):
+    """A ``say/stream`` piece: the request's fields (read from the first piece) and what
+    only a stream has, its pieces' order and end."""
+
     id: str  # required: it ties the pieces together
-    seq: int | None = Field(None, ge=0)
+    seq: int | None = None
     final: bool = False
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _stream_id(cls, v: object) -> str:
+        if v is None:
+            raise ValueError("missing 'id': it ties a stream's pieces together")
+        return string(v, "id")
+
+    @field_validator("seq", mode="before")
+    @classmethod
+    def _seq(cls, v: object) -> int | None:
+        return None if v is None else int(number(v, "seq", 0, None, integer=True))
+
+    @field_validator("final", mode="before")
+    @classmethod
+    def _final(cls, v: object) -> bool:
+        return boolean(v, "final")
 
 
 @dataclass(frozen=True)
@@ -99,10 +121,7 @@ def parse_say(payload: bytes, limits: Limits, front: str = "mqtt",
         return _build(Fields(text=text), limits, front, timeline)
     data = json_object(text)
     rid = data.get("id") if isinstance(data.get("id"), str) else None
-    try:
-        f = Fields.model_validate(data)
-    except ValidationError as e:
-        raise RequestError(validation_message(e), rid) from None
+    f = Fields.read(data, rid)
     check_text(f.text, limits.max_text, "mqtt.max_text", rid)
     return _build(f, limits, front, timeline)
 
@@ -120,10 +139,7 @@ def parse_stream_piece(payload: bytes) -> StreamPiece:
     """One `say/stream` piece: JSON ``{id, seq, text, final}`` (+ request fields on the first)."""
     data = json_object(decode_text(payload))
     rid = data.get("id") if isinstance(data.get("id"), str) else None
-    try:
-        f = _StreamFields.model_validate(data)
-    except ValidationError as e:
-        raise RequestError(validation_message(e), rid) from None
+    f = _StreamFields.read(data, rid)
     try:
         check_request_id(f.id)
     except TopicError as e:
