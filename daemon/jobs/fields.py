@@ -53,7 +53,7 @@ def absent(value: object, strings: bool) -> bool:
 
 def string(value: object, name: str) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"{name!r} must be a string, not {kind_of(value)}")
+        raise RequestError(f"{name!r} must be a string, not {kind_of(value)}")
     return value
 
 
@@ -79,9 +79,9 @@ def number(value: object, name: str, lo: float | None, hi: float | None,
             raise ValueError
         result = int(parsed) if integer else parsed
     except (ValueError, OverflowError):  # OverflowError: float(10**400)
-        raise ValueError(f"{name!r} must be {kind}{bounds}, not {shown(value)}") from None
+        raise RequestError(f"{name!r} must be {kind}{bounds}, not {shown(value)}") from None
     if (lo is not None and result < lo) or (hi is not None and result > hi):
-        raise ValueError(f"{name!r} is {shown(result)}; it must be {allowed}")
+        raise RequestError(f"{name!r} is {shown(result)}; it must be {allowed}")
     return result
 
 
@@ -90,12 +90,12 @@ def boolean(value: object, name: str, strings: bool = False) -> bool:
         return value
     if strings and isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
-    raise ValueError(f"{name!r} must be true or false, not {shown(value)}")
+    raise RequestError(f"{name!r} must be true or false, not {shown(value)}")
 
 
 def choice(value: object, name: str, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name!r} must be one of {', '.join(choices)}, not {shown(value)}")
+        raise RequestError(f"{name!r} must be one of {', '.join(choices)}, not {shown(value)}")
     return value
 
 
@@ -160,7 +160,7 @@ class Fields(BaseModel):
     def _text(cls, v: object, info: ValidationInfo) -> str:
         name = _name(info)
         if v is None:
-            raise ValueError(f"missing {name!r}: {_NEEDED['text']}")
+            raise RequestError(f"missing {name!r}: {_NEEDED['text']}")
         return string(v, name)
 
     @field_validator("id", mode="before")
@@ -182,7 +182,7 @@ class Fields(BaseModel):
             return None
         if isinstance(v, bool) or not isinstance(v, (str, int)):
             got = repr(v) if isinstance(v, float) else kind_of(v)  # 1.5, not "a number"
-            raise ValueError(f"{_name(info)!r} must be a speaker name or a whole number (its "
+            raise RequestError(f"{_name(info)!r} must be a speaker name or a whole number (its "
                              f"index), not {got}")
         return v
 
@@ -215,7 +215,7 @@ class Fields(BaseModel):
             return None
         if (not isinstance(v, list) or not v
                 or not all(isinstance(s, str) and s in SINKS for s in v)):
-            raise ValueError(f"{_name(info)!r} must be a non-empty list of "
+            raise RequestError(f"{_name(info)!r} must be a non-empty list of "
                              f"{', '.join(SINKS)}, not {shown(v)}")
         return v
 

@@ -40,7 +40,7 @@ class _StreamFields(Fields):
     @classmethod
     def _stream_id(cls, v: object) -> str:
         if v is None:
-            raise ValueError("missing 'id': it ties a stream's pieces together")
+            raise RequestError("missing 'id': it ties a stream's pieces together")
         return string(v, "id")
 
     @field_validator("seq", mode="before")

@@ -24,16 +24,9 @@ from aiohttp import hdrs, web
 from tts.codec import EXTENSIONS
 
 from ...errors import RequestError
-from ...jobs.fields import parse_json
+from ...jobs.fields import kind_of, parse_json
 from ...jobs.metrics import Timeline
-from .fields import (
-    SPEECH_FIELDS,
-    ApiError,
-    Speech,
-    decode_utf8,
-    kind_of,
-    string_field,
-)
+from .fields import SPEECH_FIELDS, ApiError, Speech, decode_utf8, string_field
 from .formats import encode_whole, response_format_field
 from .speech import SpeechApi
 

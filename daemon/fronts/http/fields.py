@@ -5,28 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
 from aiohttp import hdrs, web
 
 from tts import SynthesisOptions
 from tts.codec import CodecName
-from tts.text import MarkupError, TextFormat, parse_ssml
+from tts.text import TextFormat
 
 from ...errors import HeraldError, RequestError
-from ...jobs.fields import json_object
+from ...jobs.fields import Fields, absent, boolean, json_object, number, string
 
 log = logging.getLogger("daemon.fronts.http")
 
+T = TypeVar("T")
 
-SPEECH_FIELDS = frozenset({"text", "voice", "speaker", "rate", "seed", "stream", "format",
-                           "response_format"})
-TEXT_FORMATS = ("text", "ssml")
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+
+# The request fields an HTTP speech request takes (``Fields``: the same as on every front),
+# and those only HTTP has.
+REQUEST_FIELDS = frozenset({"text", "voice", "speaker", "rate", "seed", "format"})
+SPEECH_FIELDS = REQUEST_FIELDS | {"stream", "response_format"}
 
 # Outcome label for refused requests in herald_requests{front="http"}.
 _REASONS = {400: "bad_request", 401: "unauthorized", 404: "not_found",
@@ -134,77 +135,44 @@ async def read_multipart(request: web.Request) -> dict[str, Any]:
     return out
 
 
-def kind_of(value: object) -> str:
-    return {dict: "an object", list: "a list", bool: "true/false", type(None): "null",
-            int: "a number", float: "a number", str: "a string"}.get(type(value), "that")
-
-
 def string_field(fields: Mapping[str, Any], key: str, where: str = "") -> str | None:
+    """One of HTTP's own text fields (``filename``, ``response_format``); "" is none, as a
+    form sends an empty input."""
     value = fields.get(key)
-    if value is None or value == "":
+    if absent(value, strings=True):
         return None
-    if not isinstance(value, str):
-        raise ApiError(400, f"{where}{key!r} must be a string, not {kind_of(value)}")
-    return value
+    return http_field(lambda: string(value, key), where)
 
 
-def shown(value: object, limit: int = 60) -> str:
-    """A value as an error message quotes it: a 5000-digit ``seed`` is not echoed whole."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit - 3]}..."
-
-
-def number_field(fields: Mapping[str, Any], key: str, lo: float, hi: float, where: str = "",
-            integer: bool = False) -> float | None:
+def number_field(fields: Mapping[str, Any], key: str, lo: float, hi: float,
+                 where: str = "") -> float | None:
+    """One of HTTP's own number fields (OpenAI's ``speed``), refused in the words a request
+    field is."""
     value = fields.get(key)
-    if value is None or value == "":
+    if absent(value, strings=True):
         return None
-    kind = "a whole number" if integer else "a number"
-    try:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ValueError
-        if integer and isinstance(value, float) and not value.is_integer():
-            raise ValueError  # int(1.5) would quietly be 1
-        number = int(value) if integer else float(value)
-    except (ValueError, OverflowError):  # OverflowError: float(10**400)
-        raise ApiError(400, f"{where}{key!r} must be {kind} from {lo} to {hi}, "
-                       f"not {shown(value)}") from None
-    if not lo <= number <= hi:
-        raise ApiError(400, f"{where}{key!r} is {shown(number)}; it must be from {lo} to {hi}")
-    return number
+    return http_field(lambda: number(value, key, lo, hi, strings=True), where)
 
 
 def bool_field(fields: Mapping[str, Any], key: str, where: str = "") -> bool:
     value = fields.get(key, False)
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return value.strip().lower() in _TRUE
-    raise ApiError(400, f"{where}{key!r} must be true or false, not {shown(value)}")
+    return http_field(lambda: boolean(value, key, strings=True), where)
 
 
-def format_field(fields: Mapping[str, Any], text: str, where: str = "") -> TextFormat:
-    """``format``: "text" (bracket tags work in it) or "ssml", which must parse (400 says
-    where it doesn't)."""
-    value = (string_field(fields, "format", where) or "text").strip().lower()
-    if value == "text":
-        return "text"
-    if value != "ssml":
-        raise ApiError(400, f"{where}'format' must be one of {', '.join(TEXT_FORMATS)}, "
-                       f"not {shown(value)}")
+def http_field(read: Callable[[], T], where: str) -> T:
+    """A field read by the shared readers, its refusal prefixed with the batch item it is in."""
     try:
-        parse_ssml(text)
-    except MarkupError as e:
-        raise ApiError(400, f"{where}{e}") from None
-    return "ssml"
+        return read()
+    except RequestError as e:
+        raise RequestError(f"{where}{e}", e.id, e.code) from None
 
 
-def speaker_field(fields: Mapping[str, Any], where: str = "") -> str | int | None:
-    value = fields.get("speaker")
-    if value is None or value == "":
-        return None
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        shown = repr(value) if isinstance(value, float) else kind_of(value)  # not "a number"
-        raise ApiError(400, f"{where}'speaker' must be a speaker name or a whole number (its "
-                       f"index), not {shown}")
-    return value
+def request_fields(fields: Mapping[str, Any], where: str = "",
+                   names: Mapping[str, str] | None = None) -> Fields:
+    """The request fields among an HTTP request's (``names``: HTTP's name of a field, as
+    OpenAI's ``input`` for ``text``), read as every front reads them. Every value may be
+    text (a form, a query string, merged with a JSON body), so "1.5" is a number here and ""
+    no value."""
+    wire = {v: k for k, v in (names or {}).items()}
+    data = {wire.get(k, k): v for k, v in fields.items() if wire.get(k, k) in REQUEST_FIELDS}
+    return Fields.read(data, where=where, strings=True, names=names)

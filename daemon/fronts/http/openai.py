@@ -12,9 +12,9 @@ from dataclasses import replace
 
 from aiohttp import web
 
-from ...jobs.fields import RATE_RANGE
+from ...jobs.fields import RATE_RANGE, Fields
 from ...jobs.metrics import Timeline
-from .fields import ApiError, Speech, number_field, read_fields, string_field
+from .fields import ApiError, Speech, number_field, read_fields
 from .formats import response_format_field, stream_format_field
 from .speech import SpeechApi
 
@@ -30,8 +30,11 @@ async def openai_speech(api: SpeechApi, request: web.Request) -> web.StreamRespo
     """OpenAI's ``POST /v1/audio/speech``: model ignored, its voice names -> our default."""
     t = Timeline()
     fields = await read_fields(request)
-    text = api.text(fields, "input")
-    name = string_field(fields, "voice")
+    # OpenAI's names for our fields; the rest of its fields (``model``...) are not ours to refuse.
+    f = Fields.read({"text": fields.get("input"), "voice": fields.get("voice")},
+                    strings=True, names={"text": "input"})
+    text = api.text(f, "input")
+    name = f.voice
     catalog = api.ctx.engine.catalog
     if name and name.lower() in OPENAI_VOICES and name not in {
             i.name for i in catalog.infos()}:

@@ -12,29 +12,24 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
-from tts import UnknownVoice, VoiceError
+from tts import VoiceError
 from tts.audio import AudioFormat
 from tts.codec import CONTENT_TYPES, output_format
 
 from ...context import Context
-from ...errors import RequestError
-from ...jobs.fields import RATE_RANGE, SEED_RANGE, check_text
+from ...errors import RequestError, failure
+from ...jobs.fields import Fields, check_ssml, check_text, unknown_field
 from ...jobs.metrics import Timeline
 from ...jobs.request import Request
 from ...settings import HttpSettings
 from ...sinks.client import ClientSink
 from .fields import (
     SPEECH_FIELDS,
-    ApiError,
     Speech,
     bool_field,
-    format_field,
-    kind_of,
-    number_field,
+    http_field,
     read_fields,
-    shown,
-    speaker_field,
-    string_field,
+    request_fields,
 )
 from .formats import AudioBody, Events, encode_whole, response_format_field, wants_events
 
@@ -62,28 +57,22 @@ class SpeechApi:
         would otherwise be spoken in the default voice without a word."""
         unknown = sorted(set(fields) - known)
         if unknown:
-            raise ApiError(400, f"{where}unknown field {shown(unknown[0])}; known fields: "
-                           f"{', '.join(sorted(known))}")
-        text = self.text(fields, "text", where)
-        text_format = format_field(fields, text, where)
-        rate = number_field(fields, "rate", *RATE_RANGE, where=where)
-        seed = number_field(fields, "seed", *SEED_RANGE, where=where, integer=True)
+            raise unknown_field(unknown[0], known, where)
+        f = request_fields(fields, where)
+        text = self.text(f, "text", where)
+        if f.format == "ssml":
+            http_field(lambda: check_ssml(text), where)
         base = self.ctx.synthesis
-        options = replace(base, length_scale=base.length_scale if rate is None else rate,
-                          speaker=speaker_field(fields, where),
-                          seed=None if seed is None else int(seed))
-        voice = self.voice(string_field(fields, "voice", where), options.speaker)
+        options = replace(base, length_scale=base.length_scale if f.rate is None else f.rate,
+                          speaker=f.speaker, seed=f.seed)
+        voice = self.voice(f.voice, options.speaker)
         return Speech(text, voice, options, stream=bool_field(fields, "stream", where),
-                      text_format=text_format,
+                      text_format=f.format,
                       response_format=response_format_field(fields, "wav", where))
 
-    def text(self, fields: Mapping[str, Any], key: str, where: str = "") -> str:
-        value = fields.get(key)
-        if value is None:
-            raise ApiError(400, f"{where}missing {key!r}: the text to speak")
-        if not isinstance(value, str):
-            raise ApiError(400, f"{where}{key!r} must be a string, not {kind_of(value)}")
-        return check_text(value, self.settings.max_text_chars,
+    def text(self, f: Fields, key: str, where: str = "") -> str:
+        """The text checked against HTTP's limit (``key``: its name on the wire)."""
+        return check_text(f.text, self.settings.max_text_chars,
                           "http.max_text_chars", field=repr(key), where=where)
 
     def voice(self, name: str | None, speaker: str | int | None) -> str:
@@ -92,12 +81,9 @@ class SpeechApi:
         engine = self.ctx.engine
         try:
             voice = engine.resolve_voice(name, default=self.ctx.state.voice)
-        except UnknownVoice as e:
-            raise ApiError(404, str(e), reason="unknown_voice") from None
-        try:
             engine.check_speaker(voice, speaker)
         except VoiceError as e:
-            raise ApiError(400, str(e)) from None
+            raise failure(e) from None
         return voice
 
     # ------------------------------------------------------------------ synthesis endpoints
