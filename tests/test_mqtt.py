@@ -157,9 +157,9 @@ def test_say_payload_plain_text_and_json(limits: Limits) -> None:
 
 
 @pytest.mark.parametrize("payload, message", [
-    (b"", "empty text"), (b"   \n", "empty text"), (b"x" * 201, "limit is 200"),
+    (b"", "empty 'text'"), (b"   \n", "empty 'text'"), (b"x" * 201, "limit is 200"),
     (b"\xff\xfe", "not valid UTF-8"), (b"abc\x00def", "binary data"),
-    (b'{"text": "hi"', "malformed JSON"), (b'{"text": ""}', "empty text"),
+    (b'{"text": "hi"', "malformed JSON"), (b'{"text": ""}', "empty 'text'"),
     (b'{"txt": "hi"}', "missing 'text': the text to speak"),
     (b'{"text": "hi", "x": 1}', "unknown field 'x'"),
     (b'{"text": "hi", "voice": "nobody"}', "unknown voice"),
@@ -451,7 +451,7 @@ def test_bad_input_gets_an_error_event_each_and_herald_keeps_serving(client: Cli
     errors = [e for e in client.events() if e["event"] == "error"]
     assert all(e["error"] and len(e["error"]) < 400 for e in errors)
     messages = " | ".join(e["error"] for e in errors)
-    for expected in ("empty text", "limit is", "not valid UTF-8", "malformed JSON",
+    for expected in ("empty 'text'", "limit is", "not valid UTF-8", "malformed JSON",
                      "unknown voice", "binary data", "volume must be", "nested too deeply"):
         assert expected in messages, expected
     assert "internal error" not in messages

@@ -100,7 +100,7 @@ def test_an_empty_final_text_is_an_error_not_silence() -> None:
     h = Harness()
     h.piece(id="s", seq=0, text="  ")
     h.piece(id="s", seq=1, text="", final=True)
-    with pytest.raises(RequestError, match="empty text"):
+    with pytest.raises(RequestError, match="empty 'text'"):
         h.text()
 
 

@@ -292,7 +292,7 @@ def refuse_control(text: str, id: str | None = None, *, field: str = "text",
     """Refuse control characters in a text or a streamed piece of one."""
     control = CONTROL.search(text)
     if control:
-        raise RequestError(f"{where}{field} holds a control character "
+        raise RequestError(f"{where}{field!r} holds a control character "
                            f"(U+{ord(control.group()):04X} at {control.start()}); send plain "
                            "text", id, "bad-text")
     return text
@@ -307,9 +307,9 @@ def check_text(text: str, max_text: int, setting: str, id: str | None = None, *,
     own protocol (HTTP: 400 and 413; MQTT: an error event; Wyoming: an error)."""
     refuse_control(text, id, field=field, where=where)
     if not text.strip():
-        raise EmptyText(f"{where}empty {field}: nothing to say", id)
+        raise EmptyText(f"{where}empty {field!r}: nothing to say", id)
     if len(text) > max_text:
-        raise TextTooLong(f"{where}{field} is {len(text)} characters; the limit is {max_text} "
+        raise TextTooLong(f"{where}{field!r} is {len(text)} characters; the limit is {max_text} "
                           f"({setting}): {hint}", id)
     return text
 

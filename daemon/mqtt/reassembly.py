@@ -217,7 +217,7 @@ class Reassembly:
         st.req.text += text
         if final and not st.req.text.strip():
             self.end(st.req.id)
-            st.stream.fail(RequestError("empty text: nothing to say", st.req.id))
+            st.stream.fail(RequestError("empty 'text': nothing to say", st.req.id))
             return
         st.stream.feed(text, final)
         if final:

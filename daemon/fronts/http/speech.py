@@ -73,7 +73,7 @@ class SpeechApi:
     def text(self, f: Fields, key: str, where: str = "") -> str:
         """The text checked against HTTP's limit (``key``: its name on the wire)."""
         return check_text(f.text, self.settings.max_text_chars,
-                          "http.max_text_chars", field=repr(key), where=where)
+                          "http.max_text_chars", field=key, where=where)
 
     def voice(self, name: str | None, speaker: str | int | None) -> str:
         """The installed voice asked for by name or language (404 if none); the speaker

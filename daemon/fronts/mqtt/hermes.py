@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...errors import RequestError
-from ...jobs.fields import check_text, json_object
+from ...jobs.fields import Fields, check_text, json_object
 from ...jobs.request import Request, new_id
 from ...jobs.scheduler import TERMINAL
 from ...mqtt.payload import Limits, decode_text
@@ -48,8 +48,10 @@ def parse_hermes_say(payload: bytes, site_id: str, limits: Limits,
     data = json_object(decode_text(payload), '{"text": "...", "siteId": "..."}')
     if data.get("siteId", "default") != site_id:
         return None
-    text = data.get("text")
-    text = check_text(text if isinstance(text, str) else "", limits.max_text, "mqtt.max_text")
+    # Of Hermes' fields only ``text`` is a request field; siteId, sessionId, lang and its id
+    # are Hermes' own (read below), and Rhasspy's other fields are not ours to refuse.
+    fields = Fields.read({"text": data.get("text")})
+    text = check_text(fields.text, limits.max_text, "mqtt.max_text")
     hermes_id = data.get("id") if isinstance(data.get("id"), str) else None
     rid = new_id()
     if hermes_id:

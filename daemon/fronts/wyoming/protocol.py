@@ -8,7 +8,7 @@ from typing import TypeVar, cast
 from wyoming.event import Event, Eventable
 
 from ...errors import HeraldError, RequestError
-from ...jobs.fields import check_unicode
+from ...jobs.fields import Fields, check_unicode
 
 PROGRAM = "herald"
 FRONT = "wyoming"
@@ -66,14 +66,6 @@ def parse_event(kind: type[E], event: Event) -> E:
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise Refused("bad-request", f"{event.type} event has bad data ({e!r}); "
                        "see the Wyoming protocol for its fields") from None
-    for attr in ("text",):
-        if hasattr(parsed, attr) and not isinstance(getattr(parsed, attr), str):
-            raise Refused("bad-request", f"{event.type}.data.{attr} must be a string")
-        if hasattr(parsed, attr):
-            try:
-                check_unicode(getattr(parsed, attr), f"{event.type}.data.{attr}")
-            except RequestError as e:
-                raise Refused("bad-request", str(e)) from None
     wanted = event.data.get("voice") or {}
     # The library reads a voice that is not an object as no voice, and drops a speaker that
     # comes without a voice name: the default would speak instead, without a word.
@@ -84,13 +76,28 @@ def parse_event(kind: type[E], event: Event) -> E:
         raise Refused("bad-request", f"{event.type}.data.voice.speaker needs voice.name: "
                        "name the voice the speaker belongs to")
     voice = getattr(parsed, "voice", None)
-    if voice is not None:
-        for attr, types, what in (("name", str, "a string"), ("language", str, "a string"),
-                                  ("speaker", (str, int), "a speaker name or number")):
-            value = getattr(voice, attr)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
-                raise Refused("bad-request", f"{event.type}.data.voice.{attr} must be {what}")
+    if voice is not None and voice.language is not None and not isinstance(voice.language, str):
+        raise Refused("bad-request", f"{event.type}.data.voice.language must be a string")
+    try:
+        check_unicode(read_fields(event.type, parsed).text, f"{event.type}.data.text")
+    except RequestError as e:
+        raise Refused("bad-request", str(e)) from None
     return parsed
+
+
+def read_fields(kind: str, parsed: Eventable) -> Fields:
+    """An event's text, voice name and speaker as every front reads a request's fields, named
+    as the event carries them. The library hands them over unchecked: 42 as a text, true as
+    a speaker."""
+    voice = getattr(parsed, "voice", None)
+    where = f"{kind}.data."
+    return Fields.read(
+        # a synthesize-start has no text: it comes in the chunks, each checked as it comes
+        {"text": getattr(parsed, "text", ""),
+         "voice": None if voice is None else voice.name,
+         "speaker": None if voice is None else voice.speaker},
+        names={"text": f"{where}text", "voice": f"{where}voice.name",
+               "speaker": f"{where}voice.speaker"})
 
 
 # --- one audio stream to one client -----------------------------------------------------------
