@@ -21,7 +21,7 @@ from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
 from ..errors import Code, HeraldError
-from ..jobs.fields import RATE_RANGE, SEED_RANGE
+from ..jobs.fields import NOISE_RANGE, RATE_RANGE, SEED_RANGE
 from ..settings.fleet import Role
 
 log = logging.getLogger(__name__)
@@ -134,8 +134,8 @@ class JobOptions(_Message):
 
     seed: Annotated[int, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1])]
     length_scale: Annotated[float, Field(ge=RATE_RANGE[0], le=RATE_RANGE[1])] | None = None
-    noise_scale: Annotated[float, Field(ge=0, le=2)] | None = None
-    noise_w: Annotated[float, Field(ge=0, le=2)] | None = None
+    noise_scale: Annotated[float, Field(ge=NOISE_RANGE[0], le=NOISE_RANGE[1])] | None = None
+    noise_w: Annotated[float, Field(ge=NOISE_RANGE[0], le=NOISE_RANGE[1])] | None = None
     gain: Annotated[float, Field(gt=0, le=10)] = 1.0
     sentence_silence: Annotated[float, Field(ge=0, le=10)] = 0.0
 

@@ -25,6 +25,10 @@ RATE_RANGE = (MIN_RATE, MAX_RATE)
 # A request's ``seed``, the same range on every front. torch's generator takes any 64-bit
 # value; a bigger one would fail only when synthesis starts, after ``queued`` and ``started``.
 SEED_RANGE = (0, 2**63 - 1)
+# A request's ``noise_scale`` and ``noise_w``, ``volume`` (a gain of 0..1) and ``priority``.
+NOISE_RANGE = (0, 2)
+VOLUME_RANGE = (0, 1)
+PRIORITY_RANGE = (-1000, 1000)
 
 
 # A field's value given as text (an HTTP form or query string): the words that mean true/false.
@@ -224,9 +228,10 @@ MODES: tuple[Mode, ...] = ("queue", "interrupt")
 TEXT_FORMATS: tuple[TextFormat, ...] = ("text", "ssml")
 # Each number field's range and whether it is whole.
 _NUMBERS: dict[str, tuple[float | None, float | None, bool]] = {
-    "rate": (*RATE_RANGE, False), "volume": (0, 1, False), "noise_scale": (0, 2, False),
-    "noise_w": (0, 2, False), "ts": (None, None, False), "seed": (*SEED_RANGE, True),
-    "priority": (-1000, 1000, True), "seq": (0, None, True),
+    "rate": (*RATE_RANGE, False), "volume": (*VOLUME_RANGE, False),
+    "noise_scale": (*NOISE_RANGE, False), "noise_w": (*NOISE_RANGE, False),
+    "ts": (None, None, False), "seed": (*SEED_RANGE, True),
+    "priority": (*PRIORITY_RANGE, True),
 }
 
 

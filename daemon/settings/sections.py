@@ -21,7 +21,7 @@ from tts.memory import KeepWarm
 from tts.resources import DEFAULT_BASE_URL
 
 from ..errors import HeraldError
-from ..jobs.fields import RATE_RANGE
+from ..jobs.fields import NOISE_RANGE, RATE_RANGE
 from ..voices.download import DEFAULT_CATALOG
 
 DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -68,10 +68,10 @@ class VoicesSettings(_Section):
 class SynthesisSettings(_Section):
     """Defaults for every request; None means the voice's own value."""
 
-    # A request's ``rate`` replaces it, so it takes the same range.
+    # A request's ``rate`` and noises replace them, so they take the same ranges.
     length_scale: float | None = Field(None, ge=RATE_RANGE[0], le=RATE_RANGE[1])
-    noise_scale: float | None = Field(None, ge=0, le=2)
-    noise_w: float | None = Field(None, ge=0, le=2)
+    noise_scale: float | None = Field(None, ge=NOISE_RANGE[0], le=NOISE_RANGE[1])
+    noise_w: float | None = Field(None, ge=NOISE_RANGE[0], le=NOISE_RANGE[1])
     gain: float = Field(1.0, gt=0, le=10)
     sentence_silence: float = Field(0.0, ge=0, le=10)
     paragraph_silence: float = Field(0.4, ge=0, le=10)
