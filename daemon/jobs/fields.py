@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
@@ -111,7 +111,9 @@ def unknown_field(key: str, known: Iterable[str], where: str = "") -> RequestErr
 
 
 def _strings(info: ValidationInfo) -> bool:
-    return bool(info.context and info.context.get("strings"))
+    """This field's value came as text (``Fields.read``'s ``texts``)."""
+    texts = info.context.get("texts", ()) if info.context else ()
+    return info.field_name in texts
 
 
 def _name(info: ValidationInfo) -> str:
@@ -148,12 +150,13 @@ class Fields(BaseModel):
 
     @classmethod
     def read(cls, data: Mapping[str, Any], request_id: str | None = None, *, where: str = "",
-             strings: bool = False, names: Mapping[str, str] | None = None) -> Self:
+             texts: Collection[str] = (), names: Mapping[str, str] | None = None) -> Self:
         """``data`` as these fields, or a ``RequestError`` saying which field is wrong and what
-        it takes. ``strings``: every value came as text (a form, a query string), so "1.5" is
-        a number there and "" no value; ``names``: a field's name on the front's wire."""
+        it takes. ``texts``: the fields whose value came as text (a form, a query string), so
+        "1.5" is a number there and "" no value; ``names``: a field's name on the front's
+        wire."""
         try:
-            return cls.model_validate(data, context={"strings": strings,
+            return cls.model_validate(data, context={"texts": frozenset(texts),
                                                      "names": dict(names or {})})
         except ValidationError as e:
             message = validation_message(e, cls.model_fields, names)

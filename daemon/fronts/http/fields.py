@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
@@ -78,28 +78,52 @@ class Speech:
     response_format: CodecName = "wav"  # the audio format the answer comes in
 
 
-async def read_fields(request: web.Request) -> dict[str, Any]:
+class HttpFields(dict[str, Any]):
+    """An HTTP request's fields, and which of them came as text (the query string, a form):
+    only those read "1.5" as a number and "" as no value. A JSON body's are typed, and
+    checked as strictly as on every other front."""
+
+    def __init__(self, values: Mapping[str, Any], texts: Iterable[str] = ()) -> None:
+        super().__init__(values)
+        self.texts = set(texts)
+
+    def given(self, values: Mapping[str, Any], as_text: bool) -> None:
+        self.update(values)
+        if as_text:
+            self.texts |= set(values)
+        else:
+            self.texts -= set(values)
+
+
+def texts_of(fields: Mapping[str, Any]) -> frozenset[str]:
+    """The fields that came as text: a batch item, a JSON object, has none."""
+    return frozenset(fields.texts) if isinstance(fields, HttpFields) else frozenset()
+
+
+async def read_fields(request: web.Request) -> HttpFields:
     """The request's fields from JSON, a form, or a text/plain body (the text itself).
 
     Query parameters count too, below the body: ``curl --data-binary @file.txt -H
     'Content-Type: text/plain' '.../tts/stream?voice=...'`` works.
     """
-    fields: dict[str, Any] = dict(request.query)
+    fields = HttpFields(request.query, texts=request.query)
     if not request.body_exists:
         return fields
     ctype = request.content_type if hdrs.CONTENT_TYPE in request.headers else ""
     if ctype in ("", "application/json") or ctype.endswith("+json"):
-        fields.update(json_object(decode_utf8(await request.read(), "request body")))
+        body = json_object(decode_utf8(await request.read(), "request body"))
+        fields.given(body, as_text=False)
     elif ctype == "application/x-www-form-urlencoded":
         text = decode_utf8(await request.read(), "form body")
         try:
-            fields.update(parse_qsl(text, keep_blank_values=True, errors="strict"))
+            fields.given(dict(parse_qsl(text, keep_blank_values=True, errors="strict")),
+                         as_text=True)
         except UnicodeDecodeError:
             raise ApiError(400, "a form field is not valid UTF-8 once %-decoded") from None
     elif ctype == "multipart/form-data":
-        fields.update(await read_multipart(request))
+        fields.given(await read_multipart(request), as_text=True)
     elif ctype == "text/plain":
-        fields["text"] = decode_utf8(await request.read(), "request body")
+        fields.given({"text": decode_utf8(await request.read(), "request body")}, as_text=True)
     else:
         raise ApiError(415, f"unsupported Content-Type {ctype!r}: send application/json, "
                        "a form (urlencoded or multipart) or text/plain")
@@ -139,7 +163,7 @@ def string_field(fields: Mapping[str, Any], key: str, where: str = "") -> str | 
     """One of HTTP's own text fields (``filename``, ``response_format``); "" is none, as a
     form sends an empty input."""
     value = fields.get(key)
-    if absent(value, strings=True):
+    if absent(value, key in texts_of(fields)):
         return None
     return http_field(lambda: string(value, key), where)
 
@@ -149,14 +173,15 @@ def number_field(fields: Mapping[str, Any], key: str, lo: float, hi: float,
     """One of HTTP's own number fields (OpenAI's ``speed``), refused in the words a request
     field is."""
     value = fields.get(key)
-    if absent(value, strings=True):
+    text = key in texts_of(fields)
+    if absent(value, text):
         return None
-    return http_field(lambda: number(value, key, lo, hi, strings=True), where)
+    return http_field(lambda: number(value, key, lo, hi, strings=text), where)
 
 
 def bool_field(fields: Mapping[str, Any], key: str, where: str = "") -> bool:
     value = fields.get(key, False)
-    return http_field(lambda: boolean(value, key, strings=True), where)
+    return http_field(lambda: boolean(value, key, strings=key in texts_of(fields)), where)
 
 
 def http_field(read: Callable[[], T], where: str) -> T:
@@ -167,12 +192,7 @@ def http_field(read: Callable[[], T], where: str) -> T:
         raise RequestError(f"{where}{e}", e.id, e.code) from None
 
 
-def request_fields(fields: Mapping[str, Any], where: str = "",
-                   names: Mapping[str, str] | None = None) -> Fields:
-    """The request fields among an HTTP request's (``names``: HTTP's name of a field, as
-    OpenAI's ``input`` for ``text``), read as every front reads them. Every value may be
-    text (a form, a query string, merged with a JSON body), so "1.5" is a number here and ""
-    no value."""
-    wire = {v: k for k, v in (names or {}).items()}
-    data = {wire.get(k, k): v for k, v in fields.items() if wire.get(k, k) in REQUEST_FIELDS}
-    return Fields.read(data, where=where, strings=True, names=names)
+def request_fields(fields: Mapping[str, Any], where: str = "") -> Fields:
+    """The request fields among an HTTP request's, read as every front reads them."""
+    data = {k: v for k, v in fields.items() if k in REQUEST_FIELDS}
+    return Fields.read(data, where=where, texts=texts_of(fields) & REQUEST_FIELDS)

@@ -32,7 +32,7 @@ async def openai_speech(api: SpeechApi, request: web.Request) -> web.StreamRespo
     fields = await read_fields(request)
     # OpenAI's names for our fields; the rest of its fields (``model``...) are not ours to refuse.
     f = Fields.read({"text": fields.get("input"), "voice": fields.get("voice")},
-                    strings=True, names={"text": "input"})
+                    names={"text": "input"})
     text = api.text(f, "input")
     name = f.voice
     catalog = api.ctx.engine.catalog
