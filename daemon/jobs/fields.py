@@ -31,6 +31,16 @@ VOLUME_RANGE = (0, 1)
 PRIORITY_RANGE = (-1000, 1000)
 
 
+MODES: tuple[Mode, ...] = ("queue", "interrupt")
+TEXT_FORMATS: tuple[TextFormat, ...] = ("text", "ssml")
+# Each number field's range and whether it is whole.
+_NUMBERS: dict[str, tuple[float | None, float | None, bool]] = {
+    "rate": (*RATE_RANGE, False), "volume": (*VOLUME_RANGE, False),
+    "noise_scale": (*NOISE_RANGE, False), "noise_w": (*NOISE_RANGE, False),
+    "ts": (None, None, False), "seed": (*SEED_RANGE, True),
+    "priority": (*PRIORITY_RANGE, True),
+}
+
 # A field's value given as text (an HTTP form or query string): the words that mean true/false.
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
@@ -51,11 +61,13 @@ def shown(value: object, limit: int = 60) -> str:
 
 
 def absent(value: object, strings: bool) -> bool:
-    """No value: null, or (where every value is text: a form, a query) an empty string."""
+    """No value: null, or an empty string where the value came as text (``strings``: a form
+    sends an empty input as "")."""
     return value is None or (strings and value == "")
 
 
 def string(value: object, name: str) -> str:
+    """A text field's value (``name``: the field as the client named it)."""
     if not isinstance(value, str):
         raise RequestError(f"{name!r} must be a string, not {kind_of(value)}")
     return value
@@ -64,8 +76,9 @@ def string(value: object, name: str) -> str:
 def number(value: object, name: str, lo: float | None, hi: float | None,
            integer: bool = False, strings: bool = False) -> float:
     """A number within [lo, hi] (either bound None: open), refused in one wording on every
-    front. A whole float (2.0) is a whole number; true/false, NaN and infinity are no
-    numbers; a string is one only where every value is text (``strings``)."""
+    front. A whole float (2.0) is a whole number; true/false are no numbers, nor are NaN and
+    infinity, which Python's JSON parser takes (a NaN ``ts`` would pass the max_age check);
+    a string is one only where the value came as text (``strings``)."""
     kind = "a whole number" if integer else "a number"
     bounds = (f" from {lo} to {hi}" if lo is not None and hi is not None
               else f" of {lo} or more" if lo is not None else "")
@@ -90,6 +103,7 @@ def number(value: object, name: str, lo: float | None, hi: float | None,
 
 
 def boolean(value: object, name: str, strings: bool = False) -> bool:
+    """true or false; as text (``strings``) also yes/no, on/off, 1/0, and "" for false."""
     if isinstance(value, bool):
         return value
     if strings and isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
@@ -98,6 +112,7 @@ def boolean(value: object, name: str, strings: bool = False) -> bool:
 
 
 def choice(value: object, name: str, choices: tuple[str, ...]) -> str:
+    """One of a few words, spelt exactly: "SSML" is refused naming "ssml"."""
     if not isinstance(value, str) or value not in choices:
         raise RequestError(f"{name!r} must be one of {', '.join(choices)}, not {shown(value)}")
     return value
@@ -189,14 +204,15 @@ class Fields(BaseModel):
             return None
         if isinstance(v, bool) or not isinstance(v, (str, int)):
             got = repr(v) if isinstance(v, float) else kind_of(v)  # 1.5, not "a number"
-            raise RequestError(f"{_name(info)!r} must be a speaker name or a whole number (its "
-                             f"index), not {got}")
+            raise RequestError(f"{_name(info)!r} must be a speaker name or a whole number "
+                               f"(its index), not {got}")
         return v
 
     @field_validator("rate", "volume", "noise_scale", "noise_w", "ts", "seed", "priority",
                      mode="before")
     @classmethod
     def _number(cls, v: object, info: ValidationInfo) -> float | None:
+        """null (or "" as text) is the default, for these as for every field."""
         strings = _strings(info)
         if absent(v, strings):
             if info.field_name == "priority":
@@ -223,19 +239,8 @@ class Fields(BaseModel):
         if (not isinstance(v, list) or not v
                 or not all(isinstance(s, str) and s in SINKS for s in v)):
             raise RequestError(f"{_name(info)!r} must be a non-empty list of "
-                             f"{', '.join(SINKS)}, not {shown(v)}")
+                               f"{', '.join(SINKS)}, not {shown(v)}")
         return v
-
-
-MODES: tuple[Mode, ...] = ("queue", "interrupt")
-TEXT_FORMATS: tuple[TextFormat, ...] = ("text", "ssml")
-# Each number field's range and whether it is whole.
-_NUMBERS: dict[str, tuple[float | None, float | None, bool]] = {
-    "rate": (*RATE_RANGE, False), "volume": (*VOLUME_RANGE, False),
-    "noise_scale": (*NOISE_RANGE, False), "noise_w": (*NOISE_RANGE, False),
-    "ts": (None, None, False), "seed": (*SEED_RANGE, True),
-    "priority": (*PRIORITY_RANGE, True),
-}
 
 
 # C0 controls but tab and line breaks, and DEL: in a text field they are binary junk or a

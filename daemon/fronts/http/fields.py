@@ -16,7 +16,7 @@ from tts import SynthesisOptions
 from tts.codec import CodecName
 from tts.text import TextFormat
 
-from ...errors import HeraldError, RequestError
+from ...errors import Code, HeraldError, RequestError
 from ...jobs.fields import Fields, absent, boolean, json_object, number, string
 
 log = logging.getLogger("daemon.fronts.http")
@@ -33,9 +33,10 @@ SPEECH_FIELDS = REQUEST_FIELDS | {"stream", "response_format"}
 _REASONS = {400: "bad_request", 401: "unauthorized", 404: "not_found",
             405: "method_not_allowed", 408: "timeout", 413: "too_large",
             415: "unsupported_media_type", 429: "busy", 503: "unavailable"}
-# A request error's code (daemon.errors.Code) as HTTP answers it: the status, and the
-# outcome label when it is not the status's own.
-STATUS: dict[str, tuple[int, str | None]] = {
+# A request error's code as HTTP answers it: the status, and the outcome label when it is not
+# the status's own. The one place a code becomes a status: every refusal HTTP sends for a
+# request, whichever layer refused it, is a ``RequestError`` answered through ``ApiError.of``.
+STATUS: dict[Code, tuple[int, str | None]] = {
     "bad-request": (400, None), "bad-text": (400, None), "empty-text": (400, None),
     "bad-markup": (400, None), "bad-voice": (400, None), "nothing-to-say": (400, None),
     "too-old": (400, None), "text-too-long": (413, None), "timeout": (408, None),
