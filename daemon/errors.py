@@ -1,5 +1,7 @@
-"""The root of every error the daemon raises on purpose, so a caller can catch "herald said
-no" (a bad request, a bad setting, a front that cannot start) apart from a bug."""
+"""The daemon's error vocabulary, in one place so every layer (fronts, fleet, sinks, jobs)
+says "no" alike: the root of every error raised on purpose, so a caller can catch "herald
+said no" (a bad request, a bad setting, a front that cannot start) apart from a bug; and a
+request's refusal or failure, with the code every front reports it by."""
 
 from __future__ import annotations
 

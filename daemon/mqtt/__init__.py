@@ -1,3 +1,3 @@
 """The MQTT plumbing the front and the fleet share: the connection to the broker, the topic
-names, retained-command refusal, ``say/stream`` reassembly, the embedded broker and
-``herald say --mqtt``."""
+names, ``say`` and ``say/stream`` payloads, retained-command refusal, ``say/stream``
+reassembly, the embedded broker and ``herald say --mqtt``."""
