@@ -160,11 +160,14 @@ async def read_multipart(request: web.Request) -> dict[str, Any]:
     return out
 
 
+# HTTP's own fields, which no other front has, read as HTTP always read them: "1.5" is a
+# number and "" no value, in a JSON body as in a form.
+
+
 def string_field(fields: Mapping[str, Any], key: str, where: str = "") -> str | None:
-    """One of HTTP's own text fields (``filename``, ``response_format``); "" is none, as a
-    form sends an empty input."""
+    """One of HTTP's own text fields (``filename``, ``response_format``)."""
     value = fields.get(key)
-    if absent(value, key in texts_of(fields)):
+    if absent(value, strings=True):
         return None
     return http_field(lambda: string(value, key), where)
 
@@ -174,15 +177,15 @@ def number_field(fields: Mapping[str, Any], key: str, lo: float, hi: float,
     """One of HTTP's own number fields (OpenAI's ``speed``), refused in the words a request
     field is."""
     value = fields.get(key)
-    text = key in texts_of(fields)
-    if absent(value, text):
+    if absent(value, strings=True):
         return None
-    return http_field(lambda: number(value, key, lo, hi, strings=text), where)
+    return http_field(lambda: number(value, key, lo, hi, strings=True), where)
 
 
 def bool_field(fields: Mapping[str, Any], key: str, where: str = "") -> bool:
+    """One of HTTP's own switches (``stream``)."""
     value = fields.get(key, False)
-    return http_field(lambda: boolean(value, key, strings=key in texts_of(fields)), where)
+    return http_field(lambda: boolean(value, key, strings=True), where)
 
 
 def http_field(read: Callable[[], T], where: str) -> T:
