@@ -172,7 +172,8 @@ class Service:
         notify_stopping()
         notify_status("stopping")
         try:
-            await asyncio.wait_for(self.stop(), STOP_BUDGET)
+            async with asyncio.timeout(STOP_BUDGET):
+                await self.stop()
         except TimeoutError:
             log.warning("stopping took longer than %.1f s; exiting anyway", STOP_BUDGET)
         log.info("herald stopped")
@@ -405,7 +406,8 @@ class Service:
 
     async def _guard(self, name: str, aw: Awaitable[Any], timeout: float = 2.0) -> None:
         try:
-            await asyncio.wait_for(aw, timeout)
+            async with asyncio.timeout(timeout):
+                await aw
         except TimeoutError:
             log.warning("%s did not stop within %.1f s", name, timeout)
         except Exception as e:

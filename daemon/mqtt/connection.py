@@ -249,7 +249,8 @@ async def _run_in_daemon_thread(fn: Any, timeout: float) -> bool:
 
     threading.Thread(target=target, daemon=True, name="herald-mqtt-stop").start()
     try:
-        await asyncio.wait_for(done.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await done.wait()
         return True
     except TimeoutError:
         return False
