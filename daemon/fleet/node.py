@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import __version__
-from ..fronts.mqtt.discovery import group_discovery_payload, group_discovery_topic
 from ..jobs.request import Limits
+from ..mqtt.discovery import group_discovery_payload, group_discovery_topic
 from ..settings import Settings
 from .groups import Groups
 from .link import FleetLink

@@ -26,8 +26,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ...mqtt.topics import AVAILABILITY_ONLINE, Topics
-from .extension import Extension, Message, Route
+from ..fronts.mqtt.extension import Extension, Message, Route
+from .topics import AVAILABILITY_ONLINE, Topics
 
 log = logging.getLogger(__name__)
 
