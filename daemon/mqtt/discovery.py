@@ -1,4 +1,7 @@
 """Home Assistant MQTT device discovery: one retained message describes the whole device.
+These are the messages; the MQTT front publishes the device's
+(``daemon.fronts.mqtt.discovery``) and every member of an announcement group publishes the
+group's (``daemon.fleet.node``).
 
 Device-based discovery (``<prefix>/device/<device_id>/config``) carries the device (``dev``),
 the origin (``o``) and every entity (``cmps``) at once, so HA creates a herald device with:
@@ -21,15 +24,10 @@ Two things Home Assistant does not do the way one would guess:
 
 from __future__ import annotations
 
-import json
-import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ..fronts.mqtt.extension import Extension, Message, Route
-from .topics import AVAILABILITY_ONLINE, Topics
-
-log = logging.getLogger(__name__)
+from .topics import Topics
 
 # The latency sensors read the retained status, whose last_latency is null until the first
 # utterance; rendering None makes HA show "unknown" instead of logging a template error.
@@ -47,6 +45,7 @@ def _latency_template(key: str) -> str:
 
 def discovery_payload(topics: Topics, version: str, voices: Sequence[str],
                       device_name: str | None = None) -> dict[str, Any]:
+    """herald's device, with ``voices`` as the choices of its voice select."""
     uid = f"herald_{topics.device_id}"
 
     def entity(key: str, platform: str, name: str, **options: Any) -> dict[str, Any]:
@@ -117,39 +116,5 @@ def group_discovery_payload(group: str, say_topic: str, presence_topics: Sequenc
 
 
 def group_discovery_topic(prefix: str, group: str) -> str:
+    """Where a group's discovery message goes: a device of its own, apart from any member's."""
     return f"{prefix}/device/herald_group_{group}/config"
-
-
-class Discovery(Extension):
-    """Publishes the discovery message on every connect, and again whenever Home Assistant
-    says it is back online (it forgets retained discovery only if the broker lost it)."""
-
-    name = "discovery"
-
-    def subscriptions(self) -> list[str]:
-        return [self.front.topics.ha_status]
-
-    def route(self, topic: str) -> Route | None:
-        if topic == self.front.topics.ha_status:
-            return Route(self._on_ha_status, retained_ok=True)
-        return None
-
-    def connected(self) -> None:
-        self.publish()
-
-    def publish(self) -> None:
-        front = self.front
-        # A satellite lists the voices its fleet's online workers offer: none while no
-        # worker is online, when the select still shows the device's default.
-        voices = front.ctx.voice_list.voice_names() or [front.ctx.state.voice]
-        payload = discovery_payload(front.topics, front.ctx.version, voices)
-        front.publish(front.topics.discovery, json.dumps(payload), 1, True)
-        for topic, extra in front.discovery_extra():
-            front.publish(topic, json.dumps(extra), 1, True)
-
-    def _on_ha_status(self, msg: Message) -> None:
-        if msg.payload.strip() == b"online":
-            log.info("MQTT: Home Assistant is online: republishing discovery")
-            self.front.publish(self.front.topics.availability, AVAILABILITY_ONLINE, 1, True)
-            self.front.publish_status()
-            self.publish()

@@ -33,12 +33,12 @@ from ...jobs.request import Code, Limits, RequestError
 from ...jobs.scheduler import Scheduler
 from ...logs import request_context
 from ...mqtt.connection import Connection, call_soon
-from ...mqtt.discovery import Discovery
 from ...mqtt.reassembly import RecentIds
 from ...mqtt.retained import RetainedRefusals, refusal
 from ...mqtt.topics import AVAILABILITY_OFFLINE, AVAILABILITY_ONLINE, Topics, check_publish_topic
 from ...settings import MqttSettings
 from .commands import Commands
+from .discovery import Discovery
 from .extension import Extension, Message, Route
 from .hermes import Hermes
 
