@@ -25,7 +25,6 @@ from ...jobs.request import (
     Request,
     RequestError,
     decode_text,
-    json_object,
     parse_json,
     parse_say,
     parse_stream_piece,
@@ -33,6 +32,7 @@ from ...jobs.request import (
 )
 from ...jobs.scheduler import TERMINAL
 from ...mqtt.reassembly import Cancellable, Reassembly
+from ...mqtt.stop import stop_target
 from .extension import Extension, Message, Route
 
 if TYPE_CHECKING:
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_STOP_TEXT_MAX = 256  # bytes: "PRESS", "stop", {"id": ...}
 _UNRESOLVED_MAX = 256  # stops of ids not found, waiting for their other copy
 
 
@@ -195,15 +194,3 @@ class Commands(Extension):
         except Exception as e:
             log.error("could not load voice %s: %s", voice, e)
 
-
-def stop_target(payload: bytes) -> str | None:
-    """The id a ``stop`` names; None: stop everything."""
-    if len(payload) > _STOP_TEXT_MAX:
-        raise RequestError("stop payload too long: send nothing, PRESS, or {\"id\": \"...\"}")
-    text = decode_text(payload).strip()
-    if not text.startswith("{"):
-        return None
-    request_id = json_object(text, '{"id": "..."}').get("id")
-    if not isinstance(request_id, str):
-        raise RequestError("stop JSON must be {\"id\": \"...\"}")
-    return request_id
