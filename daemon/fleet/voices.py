@@ -4,8 +4,8 @@ at), and which nodes play which groups.
 
 Presence is retained, and a node's last will replaces it with ``offline`` the moment the
 broker loses the node, so this view follows the fleet without any polling. ``FleetVoices``
-is the voice list (``daemon.synthesis.contracts.VoiceList``) a satellite's fronts resolve names
-with.
+is the voice list (``daemon.synthesis.contracts.VoiceList``) a satellite resolves its
+requests' voice names with.
 """
 
 from __future__ import annotations
