@@ -127,7 +127,10 @@ def setup_logging(level: str) -> None:
 
 
 class Part(Protocol):
-    name: str
+    """What the service starts and stops, each inside its own error boundary: a front, the
+    speaker, the embedded broker, the voice watch, a fleet node's parts."""
+
+    name: str  # in the log lines that say it failed
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...

@@ -27,15 +27,9 @@ from .voices import FleetVoices
 
 if TYPE_CHECKING:
     from ..context import Context
+    from ..service import Part
 
 log = logging.getLogger(__name__)
-
-
-class Part(Protocol):
-    name: str
-
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...
 
 
 class DeviceFront(Protocol):
