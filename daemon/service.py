@@ -6,8 +6,8 @@ keep serving. SIGTERM / SIGINT: the current utterance is cut, ``offline`` is pub
 the process exits 0 within a few seconds. SIGHUP reloads the configuration and rescans the
 voice directories (``daemon.reload``, ``daemon.voices.watch``).
 
-systemd hooks (``notify_ready``, ``notify_status``, ``watchdog_progress``) call into
-``daemon.systemd`` when it is there and do nothing otherwise.
+Readiness, status and the watchdog go to systemd (``daemon.systemd``), whose calls do nothing
+when systemd did not start herald.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tts.errors import UnknownVoice, VoiceError
 from tts.options import SynthesisOptions
 
-from . import __version__
+from . import __version__, systemd
 from .context import Context
 from .jobs.metrics import Metrics
 from .jobs.scheduler import Scheduler
@@ -36,12 +36,6 @@ from .settings import ConfigError, Settings, load_settings
 if TYPE_CHECKING:  # the model's parts: imported only where there is a model (node.role)
     from .synthesis.engine import Engine
     from .voices.watch import VoiceWatch
-
-_systemd: Any
-try:  # written separately; until it exists the hooks are no-ops
-    from . import systemd as _systemd  # type: ignore[attr-defined,no-redef,unused-ignore]
-except ImportError:  # pragma: no cover - depends on the tree
-    _systemd = None
 
 log = logging.getLogger("herald")
 
@@ -55,32 +49,7 @@ STALL_LIMIT = 60.0
 # --------------------------------------------------------------------------- systemd hooks
 
 
-def _hook(name: str, *args: Any) -> Any:
-    fn = getattr(_systemd, name, None) if _systemd is not None else None
-    if fn is None:
-        return None
-    try:
-        return fn(*args)
-    except Exception as e:  # a notification must never take the daemon down
-        log.debug("systemd.%s failed: %s", name, e)
-        return None
-
-
-def notify_ready() -> None:
-    """READY=1: herald is serving (systemd Type=notify)."""
-    _hook("ready")
-
-
-def notify_status(text: str) -> None:
-    """STATUS=…: one line shown by ``systemctl status``."""
-    _hook("status", text)
-
-
-def notify_stopping() -> None:
-    _hook("stopping")
-
-
-_watchdog: Any = None  # daemon.systemd.Watchdog while the service runs under a watchdog
+_watchdog: systemd.Watchdog | None = None  # while the service runs under a watchdog
 
 
 def watchdog_progress() -> None:
@@ -94,10 +63,10 @@ def watchdog_progress() -> None:
 
 def start_watchdog(busy: Callable[[], bool], problem: Callable[[], str | None]) -> None:
     global _watchdog
-    if _systemd is None or not hasattr(_systemd, "Watchdog") or not _hook("watchdog_enabled"):
+    if not systemd.watchdog_enabled():
         return
     try:
-        _watchdog = _systemd.Watchdog(busy=busy, stall_after=STALL_LIMIT, problem=problem)
+        _watchdog = systemd.Watchdog(busy=busy, stall_after=STALL_LIMIT, problem=problem)
         _watchdog.start()
     except Exception as e:
         log.warning("systemd watchdog unavailable: %s", e)
@@ -112,13 +81,12 @@ async def stop_watchdog() -> None:
 
 
 def setup_logging(level: str) -> None:
-    if _systemd is not None and hasattr(_systemd, "setup_logging"):
-        try:
-            _systemd.setup_logging(level)
-            return
-        except Exception as e:  # fall back to stderr
-            print(f"herald: journald logging unavailable ({e}); logging to stderr",
-                  file=sys.stderr)
+    try:
+        systemd.setup_logging(level)
+        return
+    except Exception as e:  # fall back to stderr
+        print(f"herald: journald logging unavailable ({e}); logging to stderr",
+              file=sys.stderr)
     logging.basicConfig(level=level, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -164,7 +132,7 @@ class Service:
         log.info("herald %s ready in %.1f s (device %s)", __version__, time.monotonic() - t0,
                  self.settings.device_id)
         self._serving = True
-        notify_ready()
+        systemd.ready()
         self._status()
         assert self.scheduler is not None and self.ctx is not None
         start_watchdog(self.scheduler.busy, self.ctx.status.problem)
@@ -172,8 +140,8 @@ class Service:
         if self._reloading is not None:
             self._reloading.cancel()
         await stop_watchdog()
-        notify_stopping()
-        notify_status("stopping")
+        systemd.stopping()
+        systemd.status("stopping")
         try:
             await asyncio.wait_for(self.stop(), STOP_BUDGET)
         except TimeoutError:
@@ -359,7 +327,7 @@ class Service:
     async def _load_voices(self, engine: Engine, voice: str) -> None:
         """Load the default voice (and the device's, if another) before serving."""
         default = engine.default_voice
-        notify_status(f"loading voice {default}")
+        systemd.status(f"loading voice {default}")
         await engine.preload(default)
         if voice != default:
             await engine.preload(voice)
@@ -423,7 +391,7 @@ class Service:
             text += ", MQTT " + ("connected" if self.mqtt.connected else "disconnected")
         if text != self._last_status:
             self._last_status = text
-            notify_status(text)
+            systemd.status(text)
 
 
 def _installed(engine: Engine, name: str) -> str | None:
