@@ -173,44 +173,35 @@ class Service:
             log.exception("reload failed; herald keeps running as it was")
 
     async def reload(self) -> None:
-        """Apply what can change live (``daemon.reload``), then rescan the voices."""
+        """Apply what can change live (``daemon.reload``), then rescan the voices. A
+        satellite has no voices of its own to rescan (the fleet's workers have them)."""
         assert self.ctx is not None
         old = self.settings
         read = await read_settings(self.load, old) if self.load is not None else None
-        if self.voices is None:  # no model here (a satellite): no voices to rescan
-            if read is not None:
-                new, changed = read
-                if "log_level" in changed:
-                    logging.getLogger().setLevel(new.log_level)
-                if any(k.startswith("synthesis.") for k in changed):
-                    self._apply_synthesis(new.synthesis)
-                self.settings = old.model_copy(update={"log_level": new.log_level,
-                                                       "synthesis": new.synthesis})
-                log.info("reload done: %s", ", ".join(changed) + " applied" if changed
-                         else "no setting that applies live changed")
+        if read is None:
+            if self.voices is not None:
+                await self.voices.refresh(force=True)
             self._status()
             return
-        if read is not None:
-            new, changed = read
-            catalog = self.ctx.engine.catalog
-            if "log_level" in changed:
-                logging.getLogger().setLevel(new.log_level)
+        new, changed = read
+        if "log_level" in changed:
+            logging.getLogger().setLevel(new.log_level)
+        update: dict[str, Any] = {"log_level": new.log_level}
+        if self.voices is not None:
             if "voices.directories" in changed:
-                catalog.directories = list(new.voices.directories)
+                self.ctx.engine.catalog.directories = list(new.voices.directories)
             await self.voices.refresh(force=True)
             voices = old.voices.model_copy(update={"directories": new.voices.directories})
             if "voices.default" in changed:
                 voices = self._new_default(new.voices.default, voices)
-            synthesis = old.synthesis
-            if any(k.startswith("synthesis.") for k in changed):
-                synthesis = new.synthesis
-                self._apply_synthesis(synthesis)
-            self.settings = old.model_copy(update={"log_level": new.log_level,
-                                                   "voices": voices, "synthesis": synthesis})
-            log.info("reload done: %s", ", ".join(changed) + " applied" if changed
-                     else "no setting that applies live changed")
-        else:
-            await self.voices.refresh(force=True)
+            update["voices"] = voices
+        update["synthesis"] = old.synthesis
+        if any(k.startswith("synthesis.") for k in changed):
+            update["synthesis"] = new.synthesis
+            self._apply_synthesis(new.synthesis)
+        self.settings = old.model_copy(update=update)
+        log.info("reload done: %s", ", ".join(changed) + " applied" if changed
+                 else "no setting that applies live changed")
         self._status()
 
     def _new_default(self, name: str | None, voices: Any) -> Any:
