@@ -13,7 +13,7 @@ at once, within their front's share (``limit``); the client's pace holds their s
 and a client that leaves stops its job.
 
 A request may carry its audio's source instead (``Request.source``: audio a fleet worker
-makes, issue 19): it runs through the same lanes, events, stop and latency record, its
+makes for a satellite): it runs through the same lanes, events, stop and latency record, its
 source taking the place of the synthesis; stopping the request closes the source.
 
 Everything here runs on the event loop; the engine does the CPU work in its threads.
