@@ -17,7 +17,7 @@ import json
 import logging
 import math
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tts import VoiceError
 
@@ -33,10 +33,7 @@ from ...jobs.request import (
 from ...jobs.scheduler import TERMINAL
 from ...mqtt.reassembly import Cancellable, Reassembly
 from ...mqtt.stop import stop_target
-from .extension import Extension, Message, Route
-
-if TYPE_CHECKING:
-    from .front import MqttFront
+from .extension import Extension, Front, Message, Route
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +43,7 @@ _UNRESOLVED_MAX = 256  # stops of ids not found, waiting for their other copy
 class Commands(Extension):
     name = "commands"
 
-    def __init__(self, front: MqttFront) -> None:
+    def __init__(self, front: Front) -> None:
         super().__init__(front)
         topics = front.topics
         self.streams = Reassembly(front.settings.max_text, front.settings.stream_timeout,
