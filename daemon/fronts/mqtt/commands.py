@@ -1,7 +1,7 @@
 """herald's own MQTT commands: ``say``, ``say/stream``, ``stop``, ``set/volume`` and
 ``set/voice`` under the base topic.
 
-``say/stream`` comes on a connection of its own, and ``stop`` on both (see ``session``).
+``say/stream`` comes on a connection of its own, and ``stop`` on both (see ``front``).
 The main connection's copy of a ``stop`` comes at once, even during a flood of pieces, and
 stops what is queued or playing. The stream connection's copy comes in order with the
 pieces: it stops the streams whose first piece was published before the stop but was still
