@@ -62,8 +62,9 @@ class Front(Protocol):
 
     @property
     def ctx(self) -> Context:
-        """What every front shares: the voice list, the device state, the engine (None on a
-        satellite, whose workers load their voices themselves), the version."""
+        """What every front shares: the voice list, the device state, the model (``model``
+        is None on a satellite, whose fleet workers load their voices themselves), the
+        version."""
 
     @property
     def topics(self) -> Topics:
