@@ -181,7 +181,8 @@ from daemon.jobs.metrics import Metrics
 from daemon.jobs.request import Request
 from daemon.jobs.scheduler import Scheduler
 from daemon.settings import SchedulerSettings
-from daemon.sinks.speaker import SpeakerSettings, SpeakerSink
+from daemon.settings import SpeakerSettings
+from daemon.sinks.speaker import SpeakerSink
 from tts import AudioFormat, SynthesisOptions, VoiceCatalog
 
 async def main():

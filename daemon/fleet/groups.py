@@ -27,7 +27,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, get_args
 
-from ..fronts.mqtt.commands import stop_target
 from ..jobs.metrics import Timeline
 from ..jobs.request import (
     Code,
@@ -40,6 +39,7 @@ from ..jobs.request import (
 )
 from ..mqtt.reassembly import Cancellable, Reassembly, RecentIds
 from ..mqtt.retained import RetainedRefusals, refusal
+from ..mqtt.stop import stop_target
 from ..settings import Settings
 from .link import FleetLink
 from .pool import Pool

@@ -28,7 +28,7 @@ from tts import AudioFormat
 from ..protocol import SpeakerUnavailable
 
 if TYPE_CHECKING:
-    from .playback import SpeakerSettings
+    from ...settings import SpeakerSettings
 
 log = logging.getLogger("herald.speaker")
 

@@ -49,11 +49,12 @@ from tts import AudioFormat
 from tts.resample import Resampler
 
 from ...jobs.metrics import Metrics
+from ...settings import SpeakerSettings
 from ..protocol import SpeakerUnavailable
 from .clock import DeviceClock
 from .device import Device, Output
 from .mixer import Mixer, State
-from .playback import Playback, PlaybackStats, Quiet, SpeakerSettings
+from .playback import Playback, PlaybackStats, Quiet
 
 log = logging.getLogger("herald.speaker")
 
