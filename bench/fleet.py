@@ -1,4 +1,4 @@
-"""Fleet benchmark: workers and satellites (issue 19) on one Mosquitto, on loopback.
+"""Fleet benchmark: workers and satellites (``node.role``) on one Mosquitto, on loopback.
 
 Starts Mosquitto (MQTT 5), workers (``node.role = "worker"``, one torch thread each: one
 worker is one core) and lightweight satellites (``node.role = "satellite"``: no model, no

@@ -65,8 +65,9 @@ CASES = {
 }
 MODES = ("synthesize", "streamed input")
 SERVERS = ("herald", "wyoming-piper")
-# Issue 26's targets, as ratios to wyoming-piper in the same run: first audio (short command,
-# long sentence; the paragraph's first sentence is a short one) and the whole audio (every text).
+# The targets herald is held to, as ratios to wyoming-piper in the same run: first audio (short
+# command, long sentence; the paragraph's first sentence is a short one) and the whole audio
+# (every text).
 FIRST_TARGETS = {"short command": 0.6, "long sentence": 0.15}
 DONE_TARGET = 1.0
 TIMEOUT = 300.0  # a hang guard for one request

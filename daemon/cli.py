@@ -347,7 +347,8 @@ async def _play(chunks: Iterator[ComposedChunk], fmt: AudioFormat, device: str |
     that don't take the voice's rate, and a fade-out on Ctrl-C. Synthesis runs in a thread,
     ahead of playback."""
     from .jobs.metrics import Metrics
-    from .sinks.speaker import SpeakerSettings, SpeakerSink, SpeakerUnavailable
+    from .settings import SpeakerSettings
+    from .sinks.speaker import SpeakerSink, SpeakerUnavailable
 
     first = await asyncio.to_thread(next, chunks, None)
     if first is None:

@@ -6,8 +6,8 @@ keep serving. SIGTERM / SIGINT: the current utterance is cut, ``offline`` is pub
 the process exits 0 within a few seconds. SIGHUP reloads the configuration and rescans the
 voice directories (``daemon.reload``, ``daemon.voices.watch``).
 
-systemd hooks (``notify_ready``, ``notify_status``, ``watchdog_progress``) call into
-``daemon.systemd`` when it is there and do nothing otherwise.
+Readiness, status and the watchdog go to systemd (``daemon.systemd``), whose calls do nothing
+when systemd did not start herald.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tts.errors import UnknownVoice, VoiceError
 from tts.options import SynthesisOptions
 
-from . import __version__
+from . import __version__, systemd
 from .context import Context
 from .jobs.metrics import Metrics
 from .jobs.scheduler import Scheduler
@@ -36,12 +36,6 @@ from .settings import ConfigError, Settings, load_settings
 if TYPE_CHECKING:  # the model's parts: imported only where there is a model (node.role)
     from .synthesis.engine import Engine
     from .voices.watch import VoiceWatch
-
-_systemd: Any
-try:  # written separately; until it exists the hooks are no-ops
-    from . import systemd as _systemd  # type: ignore[attr-defined,no-redef,unused-ignore]
-except ImportError:  # pragma: no cover - depends on the tree
-    _systemd = None
 
 log = logging.getLogger("herald")
 
@@ -55,32 +49,7 @@ STALL_LIMIT = 60.0
 # --------------------------------------------------------------------------- systemd hooks
 
 
-def _hook(name: str, *args: Any) -> Any:
-    fn = getattr(_systemd, name, None) if _systemd is not None else None
-    if fn is None:
-        return None
-    try:
-        return fn(*args)
-    except Exception as e:  # a notification must never take the daemon down
-        log.debug("systemd.%s failed: %s", name, e)
-        return None
-
-
-def notify_ready() -> None:
-    """READY=1: herald is serving (systemd Type=notify)."""
-    _hook("ready")
-
-
-def notify_status(text: str) -> None:
-    """STATUS=…: one line shown by ``systemctl status``."""
-    _hook("status", text)
-
-
-def notify_stopping() -> None:
-    _hook("stopping")
-
-
-_watchdog: Any = None  # daemon.systemd.Watchdog while the service runs under a watchdog
+_watchdog: systemd.Watchdog | None = None  # while the service runs under a watchdog
 
 
 def watchdog_progress() -> None:
@@ -94,10 +63,10 @@ def watchdog_progress() -> None:
 
 def start_watchdog(busy: Callable[[], bool], problem: Callable[[], str | None]) -> None:
     global _watchdog
-    if _systemd is None or not hasattr(_systemd, "Watchdog") or not _hook("watchdog_enabled"):
+    if not systemd.watchdog_enabled():
         return
     try:
-        _watchdog = _systemd.Watchdog(busy=busy, stall_after=STALL_LIMIT, problem=problem)
+        _watchdog = systemd.Watchdog(busy=busy, stall_after=STALL_LIMIT, problem=problem)
         _watchdog.start()
     except Exception as e:
         log.warning("systemd watchdog unavailable: %s", e)
@@ -112,13 +81,12 @@ async def stop_watchdog() -> None:
 
 
 def setup_logging(level: str) -> None:
-    if _systemd is not None and hasattr(_systemd, "setup_logging"):
-        try:
-            _systemd.setup_logging(level)
-            return
-        except Exception as e:  # fall back to stderr
-            print(f"herald: journald logging unavailable ({e}); logging to stderr",
-                  file=sys.stderr)
+    try:
+        systemd.setup_logging(level)
+        return
+    except Exception as e:  # fall back to stderr
+        print(f"herald: journald logging unavailable ({e}); logging to stderr",
+              file=sys.stderr)
     logging.basicConfig(level=level, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -127,7 +95,10 @@ def setup_logging(level: str) -> None:
 
 
 class Part(Protocol):
-    name: str
+    """What the service starts and stops, each inside its own error boundary: a front, the
+    speaker, the embedded broker, the voice watch, a fleet node's parts."""
+
+    name: str  # in the log lines that say it failed
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
@@ -161,7 +132,7 @@ class Service:
         log.info("herald %s ready in %.1f s (device %s)", __version__, time.monotonic() - t0,
                  self.settings.device_id)
         self._serving = True
-        notify_ready()
+        systemd.ready()
         self._status()
         assert self.scheduler is not None and self.ctx is not None
         start_watchdog(self.scheduler.busy, self.ctx.status.problem)
@@ -169,10 +140,11 @@ class Service:
         if self._reloading is not None:
             self._reloading.cancel()
         await stop_watchdog()
-        notify_stopping()
-        notify_status("stopping")
+        systemd.stopping()
+        systemd.status("stopping")
         try:
-            await asyncio.wait_for(self.stop(), STOP_BUDGET)
+            async with asyncio.timeout(STOP_BUDGET):
+                await self.stop()
         except TimeoutError:
             log.warning("stopping took longer than %.1f s; exiting anyway", STOP_BUDGET)
         log.info("herald stopped")
@@ -202,44 +174,35 @@ class Service:
             log.exception("reload failed; herald keeps running as it was")
 
     async def reload(self) -> None:
-        """Apply what can change live (``daemon.reload``), then rescan the voices."""
+        """Apply what can change live (``daemon.reload``), then rescan the voices. A
+        satellite has no voices of its own to rescan (the fleet's workers have them)."""
         assert self.ctx is not None
         old = self.settings
         read = await read_settings(self.load, old) if self.load is not None else None
-        if self.voices is None:  # no model here (a satellite): no voices to rescan
-            if read is not None:
-                new, changed = read
-                if "log_level" in changed:
-                    logging.getLogger().setLevel(new.log_level)
-                if any(k.startswith("synthesis.") for k in changed):
-                    self._apply_synthesis(new.synthesis)
-                self.settings = old.model_copy(update={"log_level": new.log_level,
-                                                       "synthesis": new.synthesis})
-                log.info("reload done: %s", ", ".join(changed) + " applied" if changed
-                         else "no setting that applies live changed")
+        if read is None:
+            if self.voices is not None:
+                await self.voices.refresh(force=True)
             self._status()
             return
-        if read is not None:
-            new, changed = read
-            catalog = self.ctx.engine.catalog
-            if "log_level" in changed:
-                logging.getLogger().setLevel(new.log_level)
+        new, changed = read
+        if "log_level" in changed:
+            logging.getLogger().setLevel(new.log_level)
+        update: dict[str, Any] = {"log_level": new.log_level}
+        if self.voices is not None:
             if "voices.directories" in changed:
-                catalog.directories = list(new.voices.directories)
+                self.ctx.engine.catalog.directories = list(new.voices.directories)
             await self.voices.refresh(force=True)
             voices = old.voices.model_copy(update={"directories": new.voices.directories})
             if "voices.default" in changed:
                 voices = self._new_default(new.voices.default, voices)
-            synthesis = old.synthesis
-            if any(k.startswith("synthesis.") for k in changed):
-                synthesis = new.synthesis
-                self._apply_synthesis(synthesis)
-            self.settings = old.model_copy(update={"log_level": new.log_level,
-                                                   "voices": voices, "synthesis": synthesis})
-            log.info("reload done: %s", ", ".join(changed) + " applied" if changed
-                     else "no setting that applies live changed")
-        else:
-            await self.voices.refresh(force=True)
+            update["voices"] = voices
+        update["synthesis"] = old.synthesis
+        if any(k.startswith("synthesis.") for k in changed):
+            update["synthesis"] = new.synthesis
+            self._apply_synthesis(new.synthesis)
+        self.settings = old.model_copy(update=update)
+        log.info("reload done: %s", ", ".join(changed) + " applied" if changed
+                 else "no setting that applies live changed")
         self._status()
 
     def _new_default(self, name: str | None, voices: Any) -> Any:
@@ -356,7 +319,7 @@ class Service:
     async def _load_voices(self, engine: Engine, voice: str) -> None:
         """Load the default voice (and the device's, if another) before serving."""
         default = engine.default_voice
-        notify_status(f"loading voice {default}")
+        systemd.status(f"loading voice {default}")
         await engine.preload(default)
         if voice != default:
             await engine.preload(voice)
@@ -405,7 +368,8 @@ class Service:
 
     async def _guard(self, name: str, aw: Awaitable[Any], timeout: float = 2.0) -> None:
         try:
-            await asyncio.wait_for(aw, timeout)
+            async with asyncio.timeout(timeout):
+                await aw
         except TimeoutError:
             log.warning("%s did not stop within %.1f s", name, timeout)
         except Exception as e:
@@ -420,7 +384,7 @@ class Service:
             text += ", MQTT " + ("connected" if self.mqtt.connected else "disconnected")
         if text != self._last_status:
             self._last_status = text
-            notify_status(text)
+            systemd.status(text)
 
 
 def _installed(engine: Engine, name: str) -> str | None:

@@ -81,7 +81,7 @@ def _notify_socket(message: str) -> bool:
             s.connect(address)
             s.sendall(message.encode())
         return True
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path, text not encodable
         log.debug("writing to NOTIFY_SOCKET %s failed: %s", address, e)
         return False
 
@@ -103,11 +103,6 @@ def status(text: str) -> bool:
 def stopping() -> bool:
     """STOPPING=1: shutting down (cutting the current utterance, saying goodbye on MQTT)."""
     return notify("STOPPING=1")
-
-
-def extend_timeout(seconds: float) -> bool:
-    """Ask for more start-up/shutdown time (a slow first voice load on a small board)."""
-    return notify(f"EXTEND_TIMEOUT_USEC={int(seconds * 1_000_000)}")
 
 
 def watchdog_ping() -> bool:

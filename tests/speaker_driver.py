@@ -168,7 +168,8 @@ async def main(spec: dict[str, Any]) -> None:
                   stamp=spec.get("stamp", False)) if spec.get("fifo") else None
 
     from daemon.jobs.metrics import Metrics
-    from daemon.sinks.speaker import SpeakerSettings, SpeakerSink, SpeakerUnavailable
+    from daemon.settings import SpeakerSettings
+    from daemon.sinks.speaker import SpeakerSink, SpeakerUnavailable
     from tts import AudioFormat
 
     sink = SpeakerSink(SpeakerSettings(**spec.get("settings", {})), Metrics())

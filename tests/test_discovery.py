@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from daemon import __version__
-from daemon.fronts.mqtt.discovery import discovery_payload
+from daemon.mqtt.discovery import discovery_payload
 from daemon.mqtt.topics import TopicError, Topics, check_publish_topic
 
 ABBREVIATIONS = {"p": "platform", "dev": "device", "o": "origin", "cmps": "components",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 import test_lifecycle
 from audio_checks import assert_speech, pcm16
 from test_lifecycle import LONG, SHORT, Fronts, start_fronts
@@ -99,6 +100,7 @@ async def http_exchange(streams: Streams, request: bytes) -> tuple[int, dict[str
 # --------------------------------------------------------------------------- HTTP
 
 
+@pytest.mark.timed  # the rule is a timeout: closed by it, SLACK late at most
 async def test_http_headers_sent_a_byte_a_second_get_408_within_the_timeout(
         engine: Engine, fronts: list[Fronts]) -> None:
     f = await start(fronts, engine, {"header_timeout": 2.0})
@@ -114,6 +116,7 @@ async def test_http_headers_sent_a_byte_a_second_get_408_within_the_timeout(
     streams[1].close()
 
 
+@pytest.mark.timed  # the rule is a timeout: closed by it, SLACK late at most
 async def test_http_body_sent_a_byte_a_second_gets_408_within_the_timeout(
         engine: Engine, fronts: list[Fronts]) -> None:
     f = await start(fronts, engine, {"body_timeout": 2.0})
@@ -157,6 +160,7 @@ async def test_http_connection_over_the_cap_gets_503_while_the_first_are_served(
             writer.close()
 
 
+@pytest.mark.timed  # the rule is a timeout: closed by it, SLACK late at most
 async def test_http_idle_connection_is_kept_until_the_idle_timeout(
         engine: Engine, fronts: list[Fronts]) -> None:
     f = await start(fronts, engine, {"idle_timeout": 2.0})
@@ -220,6 +224,7 @@ async def speak(streams: Streams, text: str, pause: float = 0.0) -> bytes:
     return audio
 
 
+@pytest.mark.timed  # the rule is a timeout: closed by it, SLACK late at most
 async def test_wyoming_event_whose_payload_never_arrives_gets_an_error_within_the_timeout(
         engine: Engine, fronts: list[Fronts]) -> None:
     f = await start(fronts, engine, read_timeout=1.0)
@@ -261,6 +266,7 @@ async def test_wyoming_connection_over_the_cap_is_refused_while_the_first_are_se
             writer.close()
 
 
+@pytest.mark.timed  # the rule is a timeout: closed by it, SLACK late at most
 async def test_wyoming_idle_connection_is_kept_until_the_idle_timeout(
         engine: Engine, fronts: list[Fronts]) -> None:
     f = await start(fronts, engine, idle_timeout=2.0)
@@ -297,6 +303,7 @@ async def test_wyoming_long_synthesis_read_slowly_is_not_cut_by_the_idle_timeout
     assert closed(f, "wyoming", "idle") == 1
 
 
+@pytest.mark.timed  # the rule is a timeout: closed by it, SLACK late at most
 async def test_wyoming_text_stream_may_wait_for_its_model_longer_than_the_idle_timeout(
         engine: Engine, fronts: list[Fronts]) -> None:
     f = await start(fronts, engine, idle_timeout=1.0, stream_timeout=4.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from daemon.sinks.speaker import SpeakerSettings
+from daemon.settings import SpeakerSettings
 from daemon.sinks.speaker.mixer import VOLUME_RAMP_SECONDS, Mixer, State, Voice
 
 RATE = 16000

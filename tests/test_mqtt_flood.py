@@ -160,6 +160,7 @@ def test_a_stream_flood_costs_a_handful_of_error_events_not_one_per_piece(
     assert flood.alive
 
 
+@pytest.mark.timed  # the promise is in seconds: a command is not queued behind the flood
 def test_a_say_and_a_stop_during_a_stream_flood_are_handled_within_a_second(
         flood: Flood) -> None:
     assert flood.say_latency is not None and flood.say_latency < 1.0, flood.say_latency

@@ -98,15 +98,18 @@ def test_a_start_that_times_out_is_tried_again_and_plays(  # type: ignore[no-unt
 
 @pytest.mark.alone
 def test_a_start_refused_every_time_says_so_and_the_next_utterance_plays(  # type: ignore[no-untyped-def]
-        long, short, slow_start, alsa_file) -> None:
-    # The long utterance (3.7 s): the refused starts' threads take some of it (above), and
-    # some must be left for the last try.
+        long, short, slow_start, tmp_path: Path) -> None:
+    # A device that plays in real time, like a sound card (paced_device), not ALSA's null
+    # device, which would let a refused start's audio thread take the whole utterance in the
+    # moment before PortAudio ends it: here each takes at most what plays meanwhile, so the
+    # long utterance (3.7 s) has audio left when the tries run out, and the refusal is
+    # reported rather than a play the refused threads finished.
+    dev = paced_device(tmp_path, RATE)
     log: list[str] = []
-    results = run_driver({
-        "file": str(alsa_file.out), "start_rate": RATE,
-        "plays": [{"pcm": str(long), "rate": RATE}, {"pcm": str(short), "rate": RATE}],
-    }, slow_env(alsa_file.env, slow_start, starts=3), alsa_file.out.parent, log=log)
-    failed, after = results
+    results = run_driver(dev.spec(start_rate=RATE, plays=[
+        {"pcm": str(long), "rate": RATE}, {"pcm": str(short), "rate": RATE},
+    ]), slow_env(dev.env, slow_start, starts=3), tmp_path, log=log)
+    failed, after, _pacer = results
     error = failed["error"]
     assert error is not None, "\n".join(log)
     # Worded as what happened, with PortAudio's own message and what to do; not an unplug.

@@ -35,7 +35,9 @@ TOGETHER = 0.03  # seconds: two speakers playing one announcement start at most 
 SAME_DEVICE = 0.02
 
 # Starts to 10 ms: measured with no other test running beside (tests/parallel.py).
-pytestmark = pytest.mark.alone
+# Start times are the rule here: the tests compare when the device heard audio with when it
+# was due, in milliseconds, on a device that plays in real time.
+pytestmark = [pytest.mark.alone, pytest.mark.timed]
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +181,8 @@ from daemon.jobs.metrics import Metrics
 from daemon.jobs.request import Request
 from daemon.jobs.scheduler import Scheduler
 from daemon.settings import SchedulerSettings
-from daemon.sinks.speaker import SpeakerSettings, SpeakerSink
+from daemon.settings import SpeakerSettings
+from daemon.sinks.speaker import SpeakerSink
 from tts import AudioFormat, SynthesisOptions, VoiceCatalog
 
 async def main():

@@ -502,7 +502,8 @@ def sandbox_main(spec_path: str) -> None:
 
     # The real work: load the voice, synthesize, play through PortAudio into ALSA.
     from daemon.jobs.metrics import Metrics
-    from daemon.sinks.speaker import SpeakerSettings, SpeakerSink
+    from daemon.settings import SpeakerSettings
+    from daemon.sinks.speaker import SpeakerSink
     from tts import AudioFormat, SynthesisOptions, VoiceCatalog, prepare_process, to_pcm16
 
     prepare_process()

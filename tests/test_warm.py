@@ -94,6 +94,7 @@ async def test_the_engine_keeps_loaded_voices_warm_only_when_asked(catalog) -> N
     assert not thread.is_alive()  # close() ends it, and waits for it
 
 
+@pytest.mark.timed  # the rule: a stop does not wait out the probe's idle second
 def test_stopping_during_the_probe_ends_the_thread_at_once() -> None:
     """``auto`` first leaves memory idle for seconds; a daemon stopped meanwhile must not
     wait them out (nor leave the thread reading memory while the interpreter exits)."""

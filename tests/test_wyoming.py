@@ -630,7 +630,8 @@ from daemon.fronts.wyoming import WyomingFront, WyomingSettings
 from daemon.jobs.metrics import Metrics
 from daemon.jobs.scheduler import Scheduler
 from daemon.settings import SchedulerSettings
-from daemon.sinks.speaker import SpeakerSettings, SpeakerSink
+from daemon.settings import SpeakerSettings
+from daemon.sinks.speaker import SpeakerSink
 from tts import SynthesisOptions, VoiceCatalog
 
 async def main(port, short, streamed, sent_file):

@@ -4,7 +4,7 @@ Nothing here imports ``daemon``.
 
 The names below load on first use: the text front-end (``tts.text``), the audio format
 (``tts.audio``) and the options and errors are torch-free, so a node that only plays audio
-(a satellite, issue 19) uses them without loading torch. Before torch is first imported, by
+(a fleet satellite) uses them without loading torch. Before torch is first imported, by
 whatever path, ``tts.cpu`` checks that this CPU runs the installed build (a SIGILL would kill
 the process without a word).
 """

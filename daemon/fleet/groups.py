@@ -28,12 +28,12 @@ from collections.abc import Callable
 from typing import Any, get_args
 
 from ..errors import Code, RequestError
-from ..fronts.mqtt.commands import stop_target
 from ..jobs.metrics import Timeline
 from ..jobs.request import Request
 from ..mqtt.payload import Limits, parse_say, parse_stream_piece, stream_request
 from ..mqtt.reassembly import Cancellable, Reassembly, RecentIds
 from ..mqtt.retained import RetainedRefusals, refusal
+from ..mqtt.stop import stop_target
 from ..settings import Settings
 from .link import FleetLink
 from .pool import Pool

@@ -58,7 +58,6 @@ class FleetLink:
         self.groups: list[str] = list(settings.fleet.groups) if settings.node.plays else []
         self.client_id = settings.client_id + FLEET_CLIENT_SUFFIX
         self._handlers: dict[str, Handler] = {}
-        self._on_connected: list[Callable[[], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn: Connection | None = None
         # Whether the message being handled now came with the retain flag (the fleet's
@@ -99,10 +98,6 @@ class FleetLink:
     @property
     def connected(self) -> bool:
         return self._conn is not None and self._conn.connected
-
-    def add_connected_listener(self, fn: Callable[[], None]) -> None:
-        """``fn()`` on the loop after every (re)connect, once the subscriptions are sent."""
-        self._on_connected.append(fn)
 
     # ------------------------------------------------------------------ messages
 
@@ -147,11 +142,6 @@ class FleetLink:
 
     def _connected(self) -> None:
         self.publish_presence()
-        for fn in self._on_connected:
-            try:
-                fn()
-            except Exception:
-                log.exception("fleet: a part failed after the connection came up")
 
     def _dispatch(self, topic: str, payload: bytes, retained: bool = False) -> None:
         self.retained = retained

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import __version__
-from ..fronts.mqtt.discovery import group_discovery_payload, group_discovery_topic
+from ..mqtt.discovery import group_discovery_payload, group_discovery_topic
 from ..mqtt.payload import Limits
 from ..settings import Settings
 from .groups import Groups
@@ -27,21 +27,29 @@ from .voices import FleetVoices
 
 if TYPE_CHECKING:
     from ..context import Context
-    from ..fronts.mqtt import MqttFront
+    from ..service import Part
 
 log = logging.getLogger(__name__)
 
 
-class Part(Protocol):
-    name: str
+class DeviceFront(Protocol):
+    """What the node uses of the device's MQTT front: it shows the node's announcement groups
+    to Home Assistant beside the device, and the pool's events about the device's own
+    requests on the device's event topic."""
 
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...
+    # More discovery messages (topic, payload) the front publishes with the device's own.
+    discovery_extra: Callable[[], list[tuple[str, dict[str, Any]]]]
+
+    def publish_discovery(self) -> None:
+        """Publish the discovery messages again (the groups' members changed)."""
+
+    def publish_event(self, payload: dict[str, Any]) -> None:
+        """One event on the device's event topic."""
 
 
 class FleetNode:
-    """Made before the rest (a satellite's fronts resolve voices with ``voices``), wired to
-    them with ``attach``, then started part by part."""
+    """Made before the rest (a satellite resolves its requests' voices with ``voices``),
+    wired to them with ``attach``, then started part by part."""
 
     name = "fleet"
 
@@ -51,11 +59,11 @@ class FleetNode:
         self.topics = self.link.topics
         self.voices = FleetVoices(self.topics, settings.voices.default)
         self.voices.attach(self.link)
-        self.front: MqttFront | None = None
+        self.front: DeviceFront | None = None
         self.groups: Groups | None = None
         self._parts: list[Part] = []
 
-    def attach(self, ctx: Context, front: MqttFront | None) -> None:
+    def attach(self, ctx: Context, front: DeviceFront | None) -> None:
         """Wire the parts this node's role needs to the service's context and MQTT front."""
         settings = self.settings
         self.ctx = ctx

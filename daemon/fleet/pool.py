@@ -289,7 +289,8 @@ class Supervisor:
                     self._worker_lost()
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), POLL)
+                    async with asyncio.timeout(POLL):
+                        await self._wake.wait()
         except RequestError as e:
             self.incoming.fail(e)
             raise

@@ -4,8 +4,8 @@ at), and which nodes play which groups.
 
 Presence is retained, and a node's last will replaces it with ``offline`` the moment the
 broker loses the node, so this view follows the fleet without any polling. ``FleetVoices``
-is the voice list (``daemon.synthesis.contracts.VoiceList``) a satellite's fronts resolve names
-with.
+is the voice list (``daemon.synthesis.contracts.VoiceList``) a satellite resolves its
+requests' voice names with.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from tts.errors import UnknownVoice, VoiceError
 from tts.options import DEFAULT_VOICE
 
 from ..errors import RequestError
+from ..listeners import Listeners
 from ..synthesis.contracts import pick_voice
 from .link import FleetLink
 from .messages import Presence, VoiceInfo, decode
@@ -37,14 +38,14 @@ class FleetVoices:
         self.topics = topics
         self.configured_default = default  # voices.default of this node, if set
         self.nodes: dict[str, Presence] = {}
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners: Listeners[[]] = Listeners(log, "fleet: a presence listener failed")
 
     def attach(self, link: FleetLink) -> None:
         link.subscribe(self.topics.nodes, self._on_presence)
 
     def add_listener(self, fn: Callable[[], None]) -> None:
         """``fn()`` after every change of a node's presence."""
-        self._listeners.append(fn)
+        self._listeners.add(fn)
 
     def _on_presence(self, topic: str, payload: bytes) -> None:
         device = self.topics.node_id(topic)
@@ -62,11 +63,7 @@ class FleetVoices:
                 log.info("fleet: %s is %s (%s%s)", device, presence.state, presence.role,
                          f", {len(presence.voices)} voice(s)" if presence.voices else "")
         if changed:
-            for fn in self._listeners:
-                try:
-                    fn()
-                except Exception:
-                    log.exception("fleet: a presence listener failed")
+            self._listeners()
 
     # ------------------------------------------------------------------ reading it
 

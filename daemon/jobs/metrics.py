@@ -21,6 +21,8 @@ from prometheus_client import (
     Histogram,
 )
 
+from ..listeners import Listeners
+
 log = logging.getLogger("herald.latency")
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
@@ -111,10 +113,10 @@ class Metrics:
             "herald_connections_closed", "Connections herald closed or refused: over the "
             "front's cap (busy), too slow sending a request (header, body, read) or idle",
             ["front", "reason"], registry=r)
-        self._listeners: list[Callable[[LatencyRecord], None]] = []
+        self._listeners: Listeners[[LatencyRecord]] = Listeners(log, "latency listener failed")
 
     def add_listener(self, fn: Callable[[LatencyRecord], None]) -> None:
-        self._listeners.append(fn)
+        self._listeners.add(fn)
 
     def request(self, front: str, outcome: str) -> None:
         """Count a request that produced no latency record (rejected, failed early)."""
@@ -135,8 +137,4 @@ class Metrics:
                  "%.0f ms audio (rtf %.3f), underruns %d%s, %s", rec.id, rec.voice, rec.front,
                  rec.sink, rec.queue_ms, rec.first_audio_ms, rec.synth_ms, rec.audio_ms,
                  rec.rtf, rec.underruns, skew, rec.outcome)
-        for fn in self._listeners:
-            try:
-                fn(rec)
-            except Exception:
-                log.exception("latency listener failed")
+        self._listeners(rec)

@@ -13,7 +13,7 @@ at once, within their front's share (``limit``); the client's pace holds their s
 and a client that leaves stops its job.
 
 A request may carry its audio's source instead (``Request.source``: audio a fleet worker
-makes, issue 19): it runs through the same lanes, events, stop and latency record, its
+makes for a satellite): it runs through the same lanes, events, stop and latency record, its
 source taking the place of the synthesis; stopping the request closes the source.
 
 Everything here runs on the event loop; the engine does the CPU work in its threads.
@@ -37,6 +37,7 @@ from tts.audio import AudioFormat
 from tts.options import SynthesisOptions
 
 from ..errors import NOTHING_TO_SAY, RequestError, failure
+from ..listeners import Listeners
 from ..logs import context_for, request_context
 from ..settings import SchedulerSettings
 from ..sinks.protocol import NetworkSink, Speaker, SpeakerUnavailable
@@ -87,7 +88,8 @@ class Scheduler:
         self.client_lane = Lane("client", 1 << 30, False)
         self._limits: dict[str, tuple[int, str]] = {}
         self.network_sinks: dict[str, NetworkSink] = {}
-        self._listeners: list[EventListener] = []
+        self._listeners: Listeners[[dict[str, Any]]] = Listeners(
+            log, "event listener failed on %s", log_args=True)
         self._order = itertools.count()
         self._ids: dict[str, Utterance] = {}
         self._closing = False
@@ -104,7 +106,7 @@ class Scheduler:
         self.network_sinks[sink.name] = sink
 
     def add_listener(self, fn: EventListener) -> None:
-        self._listeners.append(fn)
+        self._listeners.add(fn)
 
     def available_sinks(self) -> tuple[str, ...]:
         return (("speaker",) if self.speaker else ()) + tuple(self.network_sinks)
@@ -266,11 +268,7 @@ class Scheduler:
         if error is not None:
             payload["error"] = str(error)
             payload["code"] = error.code
-        for fn in self._listeners:
-            try:
-                fn(payload)
-            except Exception:
-                log.exception("event listener failed on %s", payload)
+        self._listeners(payload)
 
     def _pump(self, lane: Lane) -> None:
         while lane.waiting and len(lane.running) < lane.slots and not self._closing:

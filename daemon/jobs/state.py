@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..listeners import Listeners
+
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
@@ -54,7 +56,8 @@ class DeviceState:
         self._voice = voice
         self._volume = volume
         self.path = path
-        self._listeners: list[Listener] = []
+        self._listeners: Listeners[[DeviceState]] = Listeners(
+            log, "device state listener failed")
 
     @property
     def voice(self) -> str:
@@ -65,7 +68,7 @@ class DeviceState:
         return self._volume
 
     def add_listener(self, fn: Listener) -> None:
-        self._listeners.append(fn)
+        self._listeners.add(fn)
 
     def set_voice(self, voice: str) -> None:
         self._voice = voice
@@ -82,11 +85,7 @@ class DeviceState:
 
     def _changed(self) -> None:
         self.save()
-        for fn in self._listeners:
-            try:
-                fn(self)
-            except Exception:
-                log.exception("device state listener failed")
+        self._listeners(self)
 
     # ------------------------------------------------------------------ the file
 

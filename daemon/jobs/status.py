@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ..listeners import Listeners
 from .metrics import LatencyRecord
 from .state import DeviceState
 
@@ -27,18 +28,14 @@ class Status:
         # The speaker/network scheduler (daemon.jobs.scheduler.Scheduler), once the service has one.
         self.scheduler: Any | None = None
         self.last_latency: dict[str, Any] | None = None
-        self._listeners: list[Listener] = []
+        self._listeners: Listeners[[]] = Listeners(log, "status listener failed")
         state.add_listener(lambda _: self.changed())
 
     def add_listener(self, fn: Listener) -> None:
-        self._listeners.append(fn)
+        self._listeners.add(fn)
 
     def changed(self) -> None:
-        for fn in self._listeners:
-            try:
-                fn()
-            except Exception:
-                log.exception("status listener failed")
+        self._listeners()
 
     # ------------------------------------------------------------------ what changes it
 

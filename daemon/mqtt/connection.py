@@ -1,9 +1,9 @@
 """One connection to the broker: a paho client with herald's settings (protocol, persistent
 session, credentials, TLS, reconnect backoff), its log lines, and its subscriptions.
 
-The session opens two of them (see ``session``): the main one, and one that takes only
-``say/stream``, so that a flood of stream pieces queues at the broker for that connection
-alone. Everything here holds for both, so both behave the same towards the broker.
+The MQTT front opens two of them (``daemon.fronts.mqtt.front``): the main one, and one that
+takes only ``say/stream``, so that a flood of stream pieces queues at the broker for that
+connection alone. Everything here holds for both, so both behave the same towards the broker.
 
 paho runs each client's network loop in a thread of its own (``loop_start``). Its callbacks
 do nothing but hand what happened to the asyncio loop (``call``); subscribing and logging
@@ -249,7 +249,8 @@ async def _run_in_daemon_thread(fn: Any, timeout: float) -> bool:
 
     threading.Thread(target=target, daemon=True, name="herald-mqtt-stop").start()
     try:
-        await asyncio.wait_for(done.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await done.wait()
         return True
     except TimeoutError:
         return False

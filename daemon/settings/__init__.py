@@ -27,11 +27,12 @@ from .sections import (
     VoicesSettings,
     hostname_device_id,
 )
+from .speaker import SpeakerSettings
 from .wyoming import WyomingSettings
 
 __all__ = ["CONFIG_LOCATIONS", "ENV_PREFIX", "ConfigError", "DiscoverySettings", "FleetSettings",
            "HermesSettings", "HttpSettings", "MqttAudioSettings", "MqttSettings", "NodeSettings",
-           "Role", "SchedulerSettings", "Settings",
+           "Role", "SchedulerSettings", "Settings", "SpeakerSettings",
            "StateSettings", "SynthesisSettings", "TlsSettings", "VoicesSettings",
            "WyomingSettings", "find_config", "hostname_device_id", "load_settings",
            "parse_overrides", "read_toml"]

@@ -21,7 +21,6 @@ from pydantic_settings import (
 )
 
 from ..mqtt.topics import Topics
-from ..sinks.speaker import SpeakerSettings
 from .fleet import FleetSettings, NodeSettings, fleet_problem
 from .http import HttpSettings
 from .sections import (
@@ -33,6 +32,7 @@ from .sections import (
     VoicesSettings,
     hostname_device_id,
 )
+from .speaker import SpeakerSettings
 from .wyoming import WyomingSettings
 
 ENV_PREFIX = "HERALD_"

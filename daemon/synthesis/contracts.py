@@ -1,7 +1,7 @@
 """What the fronts and the scheduler need of whatever makes the audio, as contracts: the
-engine (a model in this process) fulfils them, and on a satellite (``node.role``, issue 19),
-which has no model, the fleet's list of the voices its online workers offer fulfils the
-fronts' part, while each request carries its audio's source (``AudioSource``).
+engine (a model in this process) fulfils them, and on a satellite (``node.role``), which has
+no model, the fleet's list of the voices its online workers offer fulfils the fronts' part,
+while each request carries its audio's source (``AudioSource``).
 
 So neither the fronts nor the scheduler import the engine, and a satellite never imports
 torch."""
@@ -102,7 +102,7 @@ class Synthesis(VoiceList, Protocol):
 
 
 class AudioSource(Protocol):
-    """A request's audio made somewhere else (a fleet worker, issue 19), played in place of a
+    """A request's audio made somewhere else (a fleet worker), played in place of a
     synthesis: the scheduler treats it as its synthesis (queue, lanes, events, stop, latency
     record) without knowing where it comes from.
 

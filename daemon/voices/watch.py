@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Collection
 
 from tts import VoiceCatalog
 from tts.catalog import CatalogChanges, Signature
+
+from ..listeners import Listeners
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class VoiceWatch:
         self.busy = busy  # syntheses are running: removals wait
         self.keep = keep  # voices that must stay even if their files are gone
         self.interval = interval
-        self._listeners: list[Listener] = []
+        self._listeners: Listeners[[CatalogChanges]] = Listeners(log, "a voice listener failed")
         self._lock = asyncio.Lock()
         self._signature: Signature | None = None
         self._removals_waiting = False
@@ -58,7 +59,7 @@ class VoiceWatch:
 
     def add_listener(self, fn: Listener) -> None:
         """``fn(changes)`` (a function or a coroutine function) after every change."""
-        self._listeners.append(fn)
+        self._listeners.add(fn)
 
     async def start(self) -> None:
         self._signature = await asyncio.to_thread(self.catalog.signature)
@@ -116,10 +117,4 @@ class VoiceWatch:
         self._removals_waiting = bool(waiting)
 
     async def _notify(self, changes: CatalogChanges) -> None:
-        for fn in self._listeners:
-            try:
-                result = fn(changes)
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:
-                log.exception("a voice listener failed")
+        await self._listeners.notify(changes)

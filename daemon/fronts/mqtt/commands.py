@@ -1,7 +1,7 @@
 """herald's own MQTT commands: ``say``, ``say/stream``, ``stop``, ``set/volume`` and
 ``set/voice`` under the base topic.
 
-``say/stream`` comes on a connection of its own, and ``stop`` on both (see ``session``).
+``say/stream`` comes on a connection of its own, and ``stop`` on both (see ``front``).
 The main connection's copy of a ``stop`` comes at once, even during a flood of pieces, and
 stops what is queued or playing. The stream connection's copy comes in order with the
 pieces: it stops the streams whose first piece was published before the stop but was still
@@ -17,31 +17,28 @@ import json
 import logging
 import math
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tts import VoiceError
 
 from ...errors import RequestError
-from ...jobs.fields import json_object, parse_json
+from ...jobs.fields import parse_json
 from ...jobs.request import Request
 from ...jobs.scheduler import TERMINAL
 from ...mqtt.payload import decode_text, parse_say, parse_stream_piece, stream_request
 from ...mqtt.reassembly import Cancellable, Reassembly
-from .extension import Extension, Message, Route
-
-if TYPE_CHECKING:
-    from .front import MqttFront
+from ...mqtt.stop import stop_target
+from .extension import Extension, Front, Message, Route
 
 log = logging.getLogger(__name__)
 
-_STOP_TEXT_MAX = 256  # bytes: "PRESS", "stop", {"id": ...}
 _UNRESOLVED_MAX = 256  # stops of ids not found, waiting for their other copy
 
 
 class Commands(Extension):
     name = "commands"
 
-    def __init__(self, front: MqttFront) -> None:
+    def __init__(self, front: Front) -> None:
         super().__init__(front)
         topics = front.topics
         self.streams = Reassembly(front.settings.max_text, front.settings.stream_timeout,
@@ -189,15 +186,3 @@ class Commands(Extension):
         except Exception as e:
             log.error("could not load voice %s: %s", voice, e)
 
-
-def stop_target(payload: bytes) -> str | None:
-    """The id a ``stop`` names; None: stop everything."""
-    if len(payload) > _STOP_TEXT_MAX:
-        raise RequestError("stop payload too long: send nothing, PRESS, or {\"id\": \"...\"}")
-    text = decode_text(payload).strip()
-    if not text.startswith("{"):
-        return None
-    request_id = json_object(text, '{"id": "..."}').get("id")
-    if not isinstance(request_id, str):
-        raise RequestError("stop JSON must be {\"id\": \"...\"}")
-    return request_id

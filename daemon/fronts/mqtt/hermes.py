@@ -16,7 +16,7 @@ import logging
 import struct
 import wave
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -26,10 +26,7 @@ from ...jobs.request import Request, new_id
 from ...jobs.scheduler import TERMINAL
 from ...mqtt.payload import Limits, decode_text
 from ...mqtt.topics import TopicError, Topics, check_request_id
-from .extension import Extension, Message, Route
-
-if TYPE_CHECKING:
-    from .front import MqttFront
+from .extension import Extension, Front, Message, Route
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +155,7 @@ class Hermes(Extension):
 
     name = "hermes"
 
-    def __init__(self, front: MqttFront) -> None:
+    def __init__(self, front: Front) -> None:
         super().__init__(front)
         self._site = front.settings.hermes.site_id
         self._replies: dict[str, tuple[str, str]] = {}  # request id -> reply (topic, payload)

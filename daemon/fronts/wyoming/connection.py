@@ -273,7 +273,8 @@ class Connection(AsyncEventHandler):
     async def send(self, event: Event) -> None:
         """Write one event, or raise ClientGone / ClientStalled: never wait forever."""
         try:
-            await asyncio.wait_for(self.write_event(event), self.settings.write_timeout)
+            async with asyncio.timeout(self.settings.write_timeout):
+                await self.write_event(event)
             self._active = asyncio.get_running_loop().time()
         except TimeoutError:
             raise ClientStalled() from None

@@ -3,7 +3,7 @@ the device's blocks, ``device`` finds and opens the sound device. What the sched
 a speaker is ``daemon.sinks.protocol.Speaker``."""
 
 from ..protocol import Speaker, SpeakerUnavailable
-from .playback import PlaybackStats, SpeakerSettings
+from .playback import PlaybackStats
 from .sink import SpeakerSink
 
-__all__ = ["PlaybackStats", "Speaker", "SpeakerSettings", "SpeakerSink", "SpeakerUnavailable"]
+__all__ = ["PlaybackStats", "Speaker", "SpeakerSink", "SpeakerUnavailable"]

@@ -28,7 +28,7 @@ from tts import AudioFormat
 from ..protocol import SpeakerUnavailable
 
 if TYPE_CHECKING:
-    from .playback import SpeakerSettings
+    from ...settings import SpeakerSettings
 
 log = logging.getLogger("herald.speaker")
 
@@ -139,8 +139,8 @@ class Device:
         """Run a blocking PortAudio call on the speaker thread, with a deadline."""
         loop = asyncio.get_running_loop()
         try:
-            return await asyncio.wait_for(loop.run_in_executor(self._pa, fn),
-                                          self.settings.device_timeout)
+            async with asyncio.timeout(self.settings.device_timeout):
+                return await loop.run_in_executor(self._pa, fn)
         except TimeoutError:
             raise SpeakerUnavailable(
                 f"could not {what}: no answer within {self.settings.device_timeout:.0f} s "

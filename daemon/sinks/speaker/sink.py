@@ -49,11 +49,12 @@ from tts import AudioFormat
 from tts.resample import Resampler
 
 from ...jobs.metrics import Metrics
+from ...settings import SpeakerSettings
 from ..protocol import SpeakerUnavailable
 from .clock import DeviceClock
 from .device import Device, Output
 from .mixer import Mixer, State
-from .playback import Playback, PlaybackStats, Quiet, SpeakerSettings
+from .playback import Playback, PlaybackStats, Quiet
 
 log = logging.getLogger("herald.speaker")
 
@@ -134,7 +135,8 @@ class SpeakerSink:
         if p is not None and not p.done.done():
             self.cut()
             try:
-                await asyncio.wait_for(asyncio.shield(p.done), 0.5)
+                async with asyncio.timeout(0.5):
+                    await asyncio.shield(p.done)
             except Exception:  # timeout or a failing device: closing is all we can do
                 pass
         self._closing = True
@@ -222,7 +224,8 @@ class SpeakerSink:
                 prev = self._mix.current
                 if prev is not None and not prev.done.done():  # a cancelled play still fading
                     try:
-                        await asyncio.wait_for(asyncio.shield(prev.done), 1.0)
+                        async with asyncio.timeout(1.0):
+                            await asyncio.shield(prev.done)
                     except Exception:
                         pass
                 out = await self._ensure_output(fmt, start_at)
@@ -452,7 +455,8 @@ class SpeakerSink:
             log.warning("speaker: the audio source failed (%s); fading out", error)
             self._cut(p)
             try:
-                await asyncio.wait_for(asyncio.shield(p.done), margin)
+                async with asyncio.timeout(margin):
+                    await asyncio.shield(p.done)
             except Exception:
                 pass
             raise error

@@ -1,0 +1,34 @@
+"""Which parts of ``daemon/`` may load which: the configuration loads no sink and no front
+(reading a configuration must not depend on how audio leaves), and the fleet loads no front
+(it talks to the broker through the MQTT plumbing in ``daemon/mqtt``, as the MQTT front does).
+Each check imports in a fresh interpreter, so nothing another test loaded counts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def loaded_after(code: str, *prefixes: str) -> list[str]:
+    """The modules under ``prefixes`` that are loaded once ``code`` has run."""
+    probe = (f"{code}\nimport sys\n"
+             f"print(' '.join(sorted(m for m in sys.modules if m.startswith({prefixes!r}))))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_the_settings_load_no_sink_and_no_front() -> None:
+    assert loaded_after("import daemon.settings", "daemon.sinks", "daemon.fronts") == []
+
+
+def test_the_fleet_loads_no_front() -> None:
+    code = ("import importlib, pkgutil, daemon.fleet\n"
+            "for m in pkgutil.iter_modules(daemon.fleet.__path__):\n"
+            "    importlib.import_module('daemon.fleet.' + m.name)")
+    assert "daemon.fleet.node" in loaded_after(code, "daemon.fleet")
+    assert loaded_after(code, "daemon.fronts") == []
