@@ -32,7 +32,7 @@ KILL_TIMEOUT = 30.0  # seconds the kernel has to end them after SIGKILL
 # The scheduler's line when a request enters a node: on a satellite, for a group
 # announcement, when the stream's ``start`` arrived (the worker sends it with chunk 0); for
 # its own ``say``, when the say arrived.
-QUEUED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO daemon\.scheduler: "
+QUEUED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO daemon\.jobs\.scheduler: "
                     r"\[[^\]]*\] (\S+) queued from (\w+)")
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
 
