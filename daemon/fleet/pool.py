@@ -257,9 +257,10 @@ class Supervisor:
     def stop(self) -> None:
         """Cut the job short: ``run`` returns at once and the worker is told to cancel.
 
-        A flag, not a cancellation of the task that runs it: under Python 3.11 a cancel
-        that meets the wake-up of a chunk arriving at that moment is lost inside
-        ``asyncio.wait_for``, and the job would run to its end, its worker never told."""
+        A flag, not a cancellation of the task that runs it: ``run`` checks it at every
+        wake-up, so the stop holds whatever the task was awaiting when it came (a cancel
+        can be lost where an awaited thing completes at that moment), and the worker is
+        always told."""
         self.stopped = True
         self._wake.set()
 

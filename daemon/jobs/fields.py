@@ -138,6 +138,11 @@ def _name(info: ValidationInfo) -> str:
     return str(names.get(field, field))
 
 
+def _default(model: type[BaseModel], info: ValidationInfo) -> Any:
+    """The field's own default, which a value of null (or "" as text) stands for."""
+    return model.model_fields[info.field_name or ""].default
+
+
 class Fields(BaseModel):
     """A request's fields, as every front reads them: a field means the same, and is refused
     in the same words (``read``), whichever front it came through. A front reads into it
@@ -215,21 +220,23 @@ class Fields(BaseModel):
         """null (or "" as text) is the default, for these as for every field."""
         strings = _strings(info)
         if absent(v, strings):
-            if info.field_name == "priority":
-                return 0
-            return None
+            return _default(cls, info)  # type: ignore[no-any-return]
         lo, hi, integer = _NUMBERS[info.field_name or ""]
         return number(v, _name(info), lo, hi, integer, strings)
 
     @field_validator("mode", mode="before")
     @classmethod
     def _mode(cls, v: object, info: ValidationInfo) -> str:
-        return "queue" if absent(v, _strings(info)) else choice(v, _name(info), MODES)
+        if absent(v, _strings(info)):
+            return _default(cls, info)  # type: ignore[no-any-return]
+        return choice(v, _name(info), MODES)
 
     @field_validator("format", mode="before")
     @classmethod
     def _format(cls, v: object, info: ValidationInfo) -> str:
-        return "text" if absent(v, _strings(info)) else choice(v, _name(info), TEXT_FORMATS)
+        if absent(v, _strings(info)):
+            return _default(cls, info)  # type: ignore[no-any-return]
+        return choice(v, _name(info), TEXT_FORMATS)
 
     @field_validator("sinks", mode="before")
     @classmethod
