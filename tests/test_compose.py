@@ -404,7 +404,8 @@ def test_mixed_text_is_one_stream_of_the_pinyin_voices_format(pinyin_composer: C
 
 def test_first_audio_before_the_rest_is_rendered(composer: Composer) -> None:
     """Rendering pulls steps lazily: the first chunk exists before the second sentence's
-    step has even been taken, and a sentence comes in several chunks."""
+    step has even been taken, and a sentence comes in several chunks (its first window's and
+    the rest, in as many windows as the host's speed allows)."""
     steps = _plan(composer, "Good morning to you. The weather is fine today.")
     taken: list[Step] = []
 
@@ -417,7 +418,8 @@ def test_first_audio_before_the_rest_is_rendered(composer: Composer) -> None:
     first = next(chunks)
     assert first.voice == JOE and len(taken) == 1
     rest = list(chunks)
-    assert len(taken) == len(steps) and len([c for c in rest if c.sentence == 0]) >= 2
+    assert first.sentence == 0 and len(taken) == len(steps)
+    assert len([c for c in rest if c.sentence == 0]) >= 1
 
 
 def test_planner_releases_each_sentence_as_it_completes(composer: Composer) -> None:

@@ -293,22 +293,14 @@ def test_the_cost_of_a_window_follows_the_host() -> None:
     assert cost.fixed >= 0 and cost.per_frame is not None and cost.per_frame > 0
 
 
-def test_a_sentences_last_frames_are_folded_into_the_window_the_buffer_pays_for() -> None:
-    """10 ms of audio a frame, 1 ms a frame to make it, 0.08 s handed out: a window of 30
-    frames may take on 50 more and still be done before the listener runs dry; a tail of
-    51 is a window of its own. Before any audio is out, only a sliver is folded."""
-    clock = StepClock()
-    pace = Pace(0.01, clock=clock, margin=0.05)
-    assert pace.foldable(8, 500) == 0
-    pace.ran(frames=8, seconds=0.008)
-    pace.out(8 * 160, sample_rate=16000)
-    assert pace.size(16, 500, None) == 30 and pace.foldable(30, 500) == 50
-    assert pace.foldable(30, 60) == 30  # never past the largest window
-    assert next_end(0, 30, pace.foldable(30, 500), 80, complete=True) == 80
-    assert next_end(0, 30, pace.foldable(30, 500), 81, complete=True) == 30
-    assert next_end(0, 30, pace.foldable(30, 500), 80, complete=False) == 30  # length unknown
-    clock.now = 0.05  # 0.03 s left to play: 30 frames' worth
-    assert pace.foldable(16, 500) == 14
+def test_only_a_sliver_of_a_sentence_is_folded_into_the_window_before_it() -> None:
+    """A tail shorter than a first window is no window of its own; a longer one is, however
+    much audio is buffered: folding it in would spend the margin the window was sized to
+    keep. Until the sentence's length is known nothing is folded."""
+    assert next_end(0, 30, 7, 37, complete=True) == 37
+    assert next_end(0, 30, 7, 38, complete=True) == 30
+    assert next_end(0, 30, 7, 37, complete=False) == 30
+    assert next_end(40, 30, 7, 60, complete=True) == 60  # the last window: to the end
 
 
 def test_the_next_sentence_is_handed_out_after_the_first_audio() -> None:

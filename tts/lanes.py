@@ -154,12 +154,9 @@ class _Lanes:
                 else self.largest)
         latents = span.latents
         limit = latents.frames if piece.end is None else piece.end
-        # The tail folded in: what the buffered audio pays for, up to the largest window,
-        # while nothing else waits (a window the others were not told of would delay them);
-        # else less than a first one.
-        fold = (self.pace.foldable(size, self.largest, pushed)
-                if playing and asked is None else 0)
-        end = next_end(piece.reached, size, max(self.first - 1, fold), limit,
+        # A tail shorter than a first window is folded in rather than made a window of its
+        # own. Not more: a larger one would spend the margin the window was sized to keep.
+        end = next_end(piece.reached, size, self.first - 1, limit,
                        latents.complete or piece.end is not None)
         before, fed, started = piece.reached, piece.fed, self.pace.clock()
         piece.step(end, ahead)

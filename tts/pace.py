@@ -141,15 +141,6 @@ class Pace:
             return min(largest, max(planned, self.affordable(self.spare(), pushed, largest)))
         return min(largest, max(planned, asked))
 
-    def foldable(self, size: int, largest: int,
-                 pushed: Callable[[int], int] = lambda n: 0) -> int:
-        """Frames a window of ``size`` may take on beyond it and still be done before the
-        audio handed out runs out (the margin spent), up to ``largest`` in all; 0 before any
-        window was measured. A sentence's last few frames are folded into the window before
-        them rather than made a window of their own, which would cost a window's fixed
-        part."""
-        return max(0, self.affordable(self.buffered(), pushed, largest) - size)
-
     def flow_ahead(self, cap: int) -> int:
         """Frames the flow may run ahead of what the next window needs: what half of the
         spare buffered audio pays for at the flow's measured cost, at most ``cap``. Every
