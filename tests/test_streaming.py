@@ -17,7 +17,7 @@ from synthetic_voice import VARIANTS, random_model
 
 from tts import SynthesisOptions
 from tts.lanes import Prior, decode_sentences
-from tts.pace import Cost, Costs, Pace, next_end
+from tts.pace import Pace, next_end
 from tts.pieces import HelperFailed, Helping, Latents, PieceJob
 from tts.stream import MIN_PIECE, decode_windows
 from tts.vits import Vits
@@ -233,7 +233,7 @@ class StepClock:
 
 
 def test_a_window_grows_to_what_the_buffered_audio_pays_for() -> None:
-    """10 ms of audio a frame; the windows so far cost 1 ms a frame; 50 ms kept in hand."""
+    """10 ms of audio a frame; the last window cost 1 ms a frame; 50 ms kept in hand."""
     clock = StepClock()
     pace = Pace(0.01, clock=clock, margin=0.05)
     assert pace.size(planned=8, largest=500, asked=None) == 8  # nothing out yet: the plan
@@ -245,62 +245,25 @@ def test_a_window_grows_to_what_the_buffered_audio_pays_for() -> None:
     pace.out(100 * 160, 16000)  # 1.08 s out, 1.03 s of it still to play
     assert pace.size(16, 500, None) == 500  # capped at the largest
     assert pace.size(16, 500, asked=40) == 40  # others wait: what they ask, no more
-    for _ in range(20):
-        pace.ran(frames=8, seconds=0.8)  # the machine got slow: 0.1 s a frame
-    assert pace.size(16, 500, None) == 16 and pace.affordable(pace.spare()) == 9
+    pace.ran(frames=10, seconds=1.0)  # the machine got slow: 0.1 s a frame
+    assert pace.size(16, 500, None) == 16 and pace.affordable() == 9
 
 
-def test_a_window_is_sized_by_its_cost_beyond_the_fixed_part() -> None:
-    """Windows cost 10 ms plus 1 ms a frame. After a first window of 8 frames (18 ms, 2.25 ms
-    a frame) and 0.08 s of audio out, 0.03 s is to spare: by the first window's cost per
-    frame the next would be 13 frames, by the fitted cost it is 20. A push of the flow the
-    window needs is paid from the same budget."""
+def test_a_sentences_last_frames_are_folded_into_the_window_the_buffer_pays_for() -> None:
+    """10 ms of audio a frame, 1 ms a frame to make it, 0.08 s handed out: a window of 30
+    frames may take on 50 more and still be done before the listener runs dry; a tail of
+    51 is a window of its own. Before any audio is out, only a sliver is folded."""
     clock = StepClock()
-    costs = Costs()
-    costs.window.add(8, 0.018)
-    costs.window.add(40, 0.050)
-    pace = Pace(0.01, clock=clock, margin=0.05, costs=costs)
-    pace.out(8 * 160 + 8, sample_rate=16000)  # 0.0805 s out: 0.0305 s to spare
-    assert pace.size(16, 500, None) == 20
-    assert pace.size(8, 500, None, pushed=lambda n: 0) == 20
-    costs.flow.add(10, 0.010)
-    costs.flow.add(30, 0.020)  # 5 ms a push plus 0.5 ms a frame
-    # 0.015 + 0.0015 n <= 0.0305: a window that pushes the flow as far as itself gets 10
-    assert pace.size(8, 500, None, pushed=lambda n: n) == 10
-    assert pace.size(16, 500, None, pushed=lambda n: n) == 16  # never under the plan
-    # the flow may run ahead on half the spare: (0.01525 - 0.005) / 0.0005 frames
-    assert pace.flow_ahead(cap=500) == 20 and pace.flow_ahead(cap=12) == 12
-
-
-def test_the_cost_of_a_window_follows_the_host() -> None:
-    """A fixed part and a part per frame, fitted to the windows so far; one length alone says
-    nothing of the fixed part, and all of it counts per frame (which over-estimates larger
-    windows: the safe side). When the host gets slower, the fit follows within a few
-    windows."""
-    cost = Cost()
-    assert not cost.known and cost.seconds(10) == 0.0
-    cost.add(8, 0.018)
-    assert cost.fixed == 0.0 and cost.seconds(16) == pytest.approx(0.036)
-    cost.add(40, 0.050)
-    assert cost.fixed == pytest.approx(0.010) and cost.per_frame == pytest.approx(0.001)
-    cost.add(20, 0.030)  # on the line: nothing changes
-    assert cost.seconds(100) == pytest.approx(0.110)
-    for _ in range(15):  # three times slower
-        cost.add(8, 0.054)
-        cost.add(40, 0.150)
-    assert cost.seconds(100) == pytest.approx(0.330, rel=0.02)
-    cost.add(30, 0.0)  # a window that took no time at all does not make the fit absurd
-    assert cost.fixed >= 0 and cost.per_frame is not None and cost.per_frame > 0
-
-
-def test_only_a_sliver_of_a_sentence_is_folded_into_the_window_before_it() -> None:
-    """A tail shorter than a first window is no window of its own; a longer one is, however
-    much audio is buffered: folding it in would spend the margin the window was sized to
-    keep. Until the sentence's length is known nothing is folded."""
-    assert next_end(0, 30, 7, 37, complete=True) == 37
-    assert next_end(0, 30, 7, 38, complete=True) == 30
-    assert next_end(0, 30, 7, 37, complete=False) == 30
-    assert next_end(40, 30, 7, 60, complete=True) == 60  # the last window: to the end
+    pace = Pace(0.01, clock=clock, margin=0.05)
+    assert pace.foldable(8) == 0
+    pace.ran(frames=8, seconds=0.008)
+    pace.out(8 * 160, sample_rate=16000)
+    assert pace.size(16, 500, None) == 30 and pace.foldable(30) == 50
+    assert next_end(0, 30, pace.foldable(30), 80, complete=True) == 80
+    assert next_end(0, 30, pace.foldable(30), 81, complete=True) == 30
+    assert next_end(0, 30, pace.foldable(30), 80, complete=False) == 30  # length unknown
+    clock.now = 0.05  # 0.03 s left to play: 30 frames' worth
+    assert pace.foldable(16) == 14
 
 
 def test_the_next_sentence_is_handed_out_after_the_first_audio() -> None:

@@ -145,25 +145,20 @@ class _Lanes:
             self.hand_out_later = False
             self._hand_out()
         asked = self.wanted() if playing and self.wanted is not None else None
-        ahead = 0 if asked is not None else self.pace.flow_ahead(FLOW_AHEAD)
-
-        def pushed(n: int) -> int:  # the flow's push for a window of n frames
-            return piece.flow_push(piece.reached + n, ahead)
-
-        size = (self.pace.size(self.planned, self.largest, asked, pushed) if playing
-                else self.largest)
+        size = self.pace.size(self.planned, self.largest, asked) if playing else self.largest
         latents = span.latents
         limit = latents.frames if piece.end is None else piece.end
-        # A tail shorter than a first window is folded in rather than made a window of its
-        # own. Not more: a larger one would spend the margin the window was sized to keep.
-        end = next_end(piece.reached, size, self.first - 1, limit,
+        # The tail folded in: what the buffered audio pays for, up to the largest window,
+        # while nothing else waits (a window the others were not told of would delay them);
+        # else less than a first one.
+        fold = (min(self.pace.foldable(size), self.largest - size)
+                if playing and asked is None else 0)
+        end = next_end(piece.reached, size, max(self.first - 1, fold), limit,
                        latents.complete or piece.end is not None)
-        before, fed, started = piece.reached, piece.fed, self.pace.clock()
+        before, started = piece.reached, self.pace.clock()
+        ahead = 0 if asked is not None else self.pace.flow_ahead(FLOW_AHEAD, piece.flow_ran)
         piece.step(end, ahead)
-        flow = None
-        if piece.fed > fed and piece.flow_ran is not None:  # the flow was pushed: its share
-            flow = (piece.fed - fed, piece.flow_ran[1])
-        self.pace.ran(piece.reached - before, self.pace.clock() - started, flow)
+        self.pace.ran(piece.reached - before, self.pace.clock() - started)
         if playing:
             self.planned = min(self.largest, 2 * size)
         chunks = list(piece.take())

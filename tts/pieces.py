@@ -138,52 +138,20 @@ class Piece:
         self.finished = upto >= (frames if end is None else end) and (
             end is not None or latents.complete)
 
-    @property
-    def fed(self) -> int:
-        """Prior frames the flow has been pushed."""
-        return self._fed
-
-    def flow_push(self, upto: int, ahead: int = 0) -> int:
-        """Prior frames ``step(upto, ahead)`` would push the flow, from what is known of the
-        sentence now (a prior still coming in parts is taken to reach as far as the step
-        reads)."""
-        latents = self.latents
-        end = self.end
-        if end is not None:
-            upto = min(upto, end)
-        frames = latents.frames
-        if latents.complete and (end is None or end >= frames):
-            end, upto = None, min(upto, frames)
-        elif not latents.complete:
-            frames = max(frames, upto + self.dc + self.fc + 1)
-        need = min(frames, upto + self.dc)
-        if not frames or need <= self._pushed:
-            return 0
-        target = self._flow_target(need, frames, end, ahead)
-        return 0 if target is None else max(0, target - self._fed)
-
-    def _flow_target(self, need: int, frames: int, end: int | None, ahead: int) -> int | None:
-        """How far the flow is pushed for the generator to reach ``need`` (and ``ahead``
-        beyond, once the sentence's length is known); None if it is far enough already."""
-        target = min(frames, need + self.fc)
-        flush = self.latents.complete and target == frames and not self._flow_final
-        if not (target > self._fed or flush):
-            return None
-        if ahead and self.latents.complete:
-            if end is not None:
-                ahead = min(ahead, end + self.dc + self.fc - target)
-            target = min(frames, target + max(0, ahead))
-            if frames - target <= ahead // 2:  # no sliver left for a push of its own
-                target = frames if end is None else target
-        return target
-
     def _decode(self, need: int, frames: int, last: bool, end: int | None, ahead: int
                 ) -> np.ndarray:
         """Latent frames through ``need`` into the generator (the flow pushed as far as
         they need, and ``ahead``), its new samples out."""
         latents = self.latents
-        target = self._flow_target(need, frames, end, ahead)
-        if target is not None:
+        target = min(frames, need + self.fc)
+        flush = latents.complete and target == frames and not self._flow_final
+        if target > self._fed or flush:
+            if ahead and latents.complete:
+                if end is not None:
+                    ahead = min(ahead, end + self.dc + self.fc - target)
+                target = min(frames, target + max(0, ahead))
+                if frames - target <= ahead // 2:  # no sliver left for a push of its own
+                    target = frames if end is None else target
             assert latents.z is not None
             started = self.clock()
             self._flow_final = latents.complete and target == frames

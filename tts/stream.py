@@ -25,7 +25,7 @@ import torch
 
 from .lanes import MIN_PIECE, Prior, decode_sentences
 from .options import Demand, SynthesisOptions
-from .pace import Costs, Pace, in_frames
+from .pace import Pace, in_frames
 from .pieces import Helpers, apply_gain
 from .vits import Vits
 from .voice import Voice
@@ -48,7 +48,6 @@ class Synthesizer:
         self.model = voice.model
         self.first_window = first_window
         self.max_window = max_window
-        self.costs = Costs()  # what its windows cost in this process, for every stream
 
     @property
     def sample_rate(self) -> int:
@@ -115,9 +114,8 @@ class Synthesizer:
             return None if demand is None else in_frames(demand(), frame_seconds)
 
         first = self.max_window if whole else self.first_window
-        pace = Pace(frame_seconds, costs=self.costs)
         yield from decode_sentences(self.model, priors(), opts.gain, first,
-                                    self.max_window, pace, wanted, helpers)
+                                    self.max_window, Pace(frame_seconds), wanted, helpers)
 
     def synthesize(self, text: str, options: SynthesisOptions = SynthesisOptions()) -> np.ndarray:
         """Whole text decoded one sentence at a time in one shot (reference for tests)."""
