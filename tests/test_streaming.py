@@ -20,7 +20,7 @@ from tts.lanes import Prior, decode_sentences
 from tts.pace import Pace, next_end
 from tts.pieces import HelperFailed, Helping, Latents, PieceJob
 from tts.stream import MIN_PIECE, decode_windows
-from tts.vits import Vits
+from tts.vits import Vits, nhwc
 from tts.vits.model import PriorParts
 
 
@@ -334,6 +334,30 @@ def test_the_flow_runs_ahead_in_large_pushes_once_the_sentence_is_whole(
     assert np.abs(np.concatenate(chunks) - whole).max() < 1e-4
     assert len(chunks) >= 400 // 32 and len(pushes) <= len(chunks) // 2, (pushes, len(chunks))
     assert max(pushes) > 32
+
+
+def test_the_flow_pushed_in_any_sizes_equals_its_one_shot_reverse() -> None:
+    """Pushes larger than the flow's own piece (which it cuts up), smaller ones, and one of
+    everything, with a speaker's conditioning: the latent frames join into the one-shot
+    flow's."""
+    from tts.flow_stream import StreamingFlow
+
+    model = random_model(VARIANTS["multi_speaker"])
+    torch.manual_seed(8)
+    frames = 700
+    z_p = torch.randn(1, model.config.inter_channels, frames)
+    g = model.speaker_embedding(1)
+    with torch.inference_mode():
+        whole = model.flow.reverse(z_p, torch.ones_like(z_p[:, :1]), g)
+        for sizes in ([frames], [5, 300, 395], [600, 1, 99]):
+            flow = StreamingFlow(model.flow, g)
+            assert flow.piece < max(sizes), "a push the flow cuts into pieces"
+            ends = np.cumsum(sizes)
+            out = torch.cat([flow.push(nhwc(z_p[..., e - n : e]), final=e == frames)
+                             for n, e in zip(sizes, ends)], dim=-1)
+            assert out.shape[-1] == frames
+            assert (out[:, :, 0] - whole).abs().max() < 1e-4, sizes
+    assert whole.abs().max() > 1e-2  # not two silences
 
 
 def test_a_paced_stream_makes_fewer_windows_and_the_same_audio(synth) -> None:  # type: ignore[no-untyped-def]

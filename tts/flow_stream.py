@@ -21,7 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from .incremental import Delay, StreamConv
-from .vits import WN, Conv, ResidualCouplingBlock, ResidualCouplingLayer, nhwc
+from .memory import MMAP_THRESHOLD
+from .vits import WN, Conv, ResidualCouplingBlock, ResidualCouplingLayer, nhwc, tanh
 
 
 def _conv(conv: nn.Module) -> StreamConv:
@@ -46,7 +47,7 @@ class _WN:
             a = self.convs[i].push(x, final)
             if self.cond is not None:
                 a = a + self.cond[:, i * 2 * h : (i + 1) * 2 * h]
-            rs = self.res_skip[i].push(torch.tanh(a[:, :h]) * torch.sigmoid(a[:, h:]), final)
+            rs = self.res_skip[i].push(tanh(a[:, :h]) * torch.sigmoid(a[:, h:]), final)
             if i < self.n - 1:
                 x = self.residual[i].write_into(rs[:, :h], x)  # the residual path, aligned
                 skips.append(rs[:, h:])
@@ -85,10 +86,34 @@ class StreamingFlow:
             _Coupling(f, g) if isinstance(f, ResidualCouplingLayer) else None
             for f in reversed(flow.flows)
         ]
+        self.piece = _piece_frames(flow)
 
     def push(self, x: Tensor, final: bool = False) -> Tensor:
         """Prior frames, channels-last ``[1, c, 1, t]`` -> the latent frames now exact, the
-        same layout."""
+        same layout. A long push goes through in pieces of ``piece`` frames."""
+        n = x.shape[-1]
+        if n <= self.piece:
+            return self._push(x, final)
+        outs = [self._push(x[..., a : a + self.piece], final and a + self.piece >= n)
+                for a in range(0, n, self.piece)]
+        return torch.cat(outs, dim=-1)
+
+    def _push(self, x: Tensor, final: bool) -> Tensor:
         for step in self.steps:
             x = torch.flip(x, [1]) if step is None else step.push(x, final)
         return x
+
+
+def _piece_frames(flow: ResidualCouplingBlock) -> int:
+    """Frames per push that keep the flow's largest temporary, a convolution's overlapping
+    windows (``vits.tap_products``: kernel x hidden values a frame, for every frame a push
+    carries besides its own), below glibc's mmap threshold (``tts.memory``). Above it,
+    every such temporary is a fresh mapping whose pages fault in as the product's copy
+    writes them. A long sentence's 840 frames in one push spent a sixth of the flow's time
+    in that copying, in pieces a fifteenth: the flow measured 10% faster, the products'
+    rate the same."""
+    wn = next(f.enc for f in flow.flows if isinstance(f, ResidualCouplingLayer))
+    conv = wn.in_layers[0]
+    assert isinstance(conv, Conv)
+    per_frame = conv.kernel_size[0] * wn.hidden * 4  # bytes of float32 windows
+    return max(16, MMAP_THRESHOLD // per_frame - flow.receptive_field - 1)

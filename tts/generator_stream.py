@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from .incremental import Delay, StreamConv
-from .vits import LRELU_SLOPE, Conv, Generator, ResBlock1, ResBlock2, Upsample, nhwc
+from .vits import LRELU_SLOPE, Conv, Generator, ResBlock1, ResBlock2, Upsample, nhwc, tanh_
 from .vits.layers import _as_int
 
 PIECE = 1 << 17  # values per piece in the upsampled stages (512 KiB of float32)
@@ -34,7 +34,7 @@ class _Upsample:
     def __init__(self, up: Upsample) -> None:
         self.up = up
         taps = up.taps - 1  # causal context of each phase
-        self.conv = StreamConv(up.polyphase, taps, taps, LRELU_SLOPE)
+        self.conv = StreamConv(up.polyphase, taps, taps, up.out_channels, LRELU_SLOPE)
         self.skip = _as_int(up.padding)  # leading samples the one-shot output crops
         self.inputs = 0
         self.emitted = 0
@@ -119,7 +119,7 @@ class StreamingGenerator:
         heap memory instead of mapping (and page-faulting) fresh memory for each.
         """
         if i == len(self.ups):
-            return [torch.tanh_(self.post.push(x, final)).reshape(-1)]
+            return [tanh_(self.post.push(x, final)).reshape(-1)]
         x = self.ups[i].push(x, final)
         step = max(1, PIECE // x.shape[1])
         starts = list(range(0, x.shape[-1], step)) or [0]

@@ -60,6 +60,9 @@ class SameConv(Protocol):
     @property
     def radius(self) -> int: ...
 
+    @property
+    def out_channels(self) -> int: ...
+
     def valid(self, x: Tensor) -> Tensor: ...
 
 
@@ -69,21 +72,23 @@ class StreamConv:
     ``valid`` convolves without padding; ``pad`` zeros stand for the one-shot padding at
     each end of the sentence; ``context`` input samples are kept for the next piece (twice
     the radius for a 'same' convolution, ``taps - 1`` for a causal one). ``slope``: the
-    leaky ReLU applied to the inputs first, or None.
+    leaky ReLU applied to the inputs first, or None. ``out_channels``: what a piece too
+    short for any output gives back is empty, but of the right shape for what follows.
     """
 
     def __init__(self, valid: Callable[[Tensor], Tensor], pad: int, context: int,
-                 slope: float | None = None) -> None:
+                 out_channels: int, slope: float | None = None) -> None:
         self.valid = valid
         self.pad = pad
         self.context = context
+        self.out_channels = out_channels
         self.slope = slope
         self.tail: Tensor | None = None
 
     @classmethod
     def same(cls, conv: SameConv, slope: float | None = None) -> StreamConv:
         """A 'same' convolution (any radius, 0 for a 1x1) fed piece by piece."""
-        return cls(conv.valid, conv.radius, 2 * conv.radius, slope)
+        return cls(conv.valid, conv.radius, 2 * conv.radius, conv.out_channels, slope)
 
     def push(self, x: Tensor, final: bool) -> Tensor:
         if self.context == 0 and self.slope is None:
@@ -92,7 +97,9 @@ class StreamConv:
         buf = assemble(x, self.tail, lead, self.pad if final else 0, self.slope)
         if buf.shape[-1] <= self.context:
             self.tail = buf
-            return buf[..., :0]
+            shape = (*buf.shape[:1], self.out_channels, *buf.shape[2:-1], 0)
+            layout = torch.channels_last if buf.dim() == 4 else torch.contiguous_format
+            return torch.empty(shape, dtype=buf.dtype, memory_format=layout)
         self.tail = keep(buf, self.context)
         return self.valid(buf)
 

@@ -17,9 +17,9 @@ exposes its receptive field.
 from .config import VitsConfig
 from .dec import LRELU_SLOPE, Generator, ResBlock1, ResBlock2, Upsample
 from .flow import WN, ResidualCouplingBlock, ResidualCouplingLayer
-from .layers import Conv, nhwc
+from .layers import Conv, nhwc, tanh, tanh_
 from .model import PRIOR_HEAD, Vits
 
 __all__ = ["LRELU_SLOPE", "PRIOR_HEAD", "WN", "Conv", "Generator", "ResBlock1", "ResBlock2",
            "ResidualCouplingBlock", "ResidualCouplingLayer", "Upsample", "Vits", "VitsConfig",
-           "nhwc"]
+           "nhwc", "tanh", "tanh_"]

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .config import VitsConfig
-from .layers import Conv, _as_int, _padding, nhwc
+from .layers import Conv, _as_int, _padding, nhwc, tanh_
 
 LRELU_SLOPE = 0.1
 
@@ -151,4 +151,4 @@ class Generator(nn.Module):
                 xs.add_(block(x))
             x = xs.div_(self.num_kernels)
         x = self.conv_post(F.leaky_relu(x, inplace=True))  # default slope 0.01, as trained
-        return torch.tanh_(x).flatten(1, 2).contiguous()
+        return tanh_(x).flatten(1, 2).contiguous()

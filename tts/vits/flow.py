@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from .config import VitsConfig
 from .dp import Flip
-from .layers import Conv, _padding
+from .layers import Conv, _padding, tanh
 
 
 class WN(nn.Module):
@@ -38,7 +38,7 @@ class WN(nn.Module):
             a = inl(x)
             if gc is not None:
                 a = a + gc[:, i * 2 * h : (i + 1) * 2 * h]
-            acts = torch.tanh(a[:, :h]) * torch.sigmoid(a[:, h:])
+            acts = tanh(a[:, :h]) * torch.sigmoid(a[:, h:])
             rs = rsl(acts)
             if i < self.n_layers - 1:
                 x = (x + rs[:, :h]) * x_mask

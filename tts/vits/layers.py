@@ -102,6 +102,22 @@ def tap_products(rows: Tensor, weight: Tensor, bias: Tensor | None, dilation: in
     return y
 
 
+def tanh(x: Tensor) -> Tensor:
+    """``tanh(x)`` as ``2 * sigmoid(2x) - 1``, a new tensor.
+
+    ``torch.tanh`` runs through MKL's vector math library, which takes its generic code path
+    on CPUs that are not Intel's: on an AMD EPYC it measured 6x slower than ``torch.sigmoid``
+    (ATen's own vectorised kernel), and a few percent of the flow. The two agree to about
+    1e-7, far below what the audio can show.
+    """
+    return torch.sigmoid(x * 2).mul_(2).sub_(1)
+
+
+def tanh_(x: Tensor) -> Tensor:
+    """``tanh``, in place."""
+    return x.mul_(2).sigmoid_().mul_(2).sub_(1)
+
+
 def _row(g: Tensor) -> Tensor:
     """A ``[1, c, 1]`` conditioning vector as one row to add to ``[t, c]``."""
     return g.reshape(1, -1)
