@@ -90,12 +90,15 @@ class StreamingFlow:
 
     def push(self, x: Tensor, final: bool = False) -> Tensor:
         """Prior frames, channels-last ``[1, c, 1, t]`` -> the latent frames now exact, the
-        same layout. A long push goes through in pieces of ``piece`` frames."""
+        same layout. A push longer than ``piece`` frames goes through in equal pieces no
+        longer than that (not a full one and a sliver: a product over a few frames runs
+        at a fraction of the rate)."""
         n = x.shape[-1]
-        if n <= self.piece:
+        k = -(-n // self.piece)
+        if k <= 1:
             return self._push(x, final)
-        outs = [self._push(x[..., a : a + self.piece], final and a + self.piece >= n)
-                for a in range(0, n, self.piece)]
+        bounds = [round(i * n / k) for i in range(k + 1)]
+        outs = [self._push(x[..., a:b], final and b == n) for a, b in zip(bounds, bounds[1:])]
         return torch.cat(outs, dim=-1)
 
     def _push(self, x: Tensor, final: bool) -> Tensor:
