@@ -6,9 +6,9 @@ thread has not got going within a second: ``Error starting stream: Wait timed ou
 That cannot be had on demand from load, so the sound card is made slow to start instead:
 ``slow_alsa_start.c``, preloaded into the driver, holds ALSA's ``snd_pcm_start`` (which
 PortAudio calls on that new thread, before telling the waiting caller it runs) for longer
-than the second, the first N times. PortAudio runs as it does under load: its wait times
-out, it ends the thread (whose end it reports through the stream's finished callback) and
-the start raises -9987.
+than the second, on the first N such threads. PortAudio runs as it does under load: its
+wait times out, it ends the thread (whose end it reports through the stream's finished
+callback) and the start raises -9987.
 
 A pre-roll for audio from the network (a satellite's own say, chunk by chunk from a fleet
 worker): the first audio waits until that much is buffered.
@@ -62,18 +62,19 @@ def slow_env(env: dict[str, str], lib: Path, starts: int) -> dict[str, str]:
                 SLOW_ALSA_START_SECONDS=str(SLOW_START))
 
 
-# How much of an utterance a refused start's audio thread takes before PortAudio ends it (the
-# null device takes it as fast as it comes) depends on how soon that thread is ended: a busy
-# neighbour delays it, and can let the refused starts of the test below take the whole long
-# utterance, leaving nothing for the last try. Alone, they run as in a serial run.
+# PortAudio's start returns (refused) only once the audio thread it gave up on has got past
+# the driver's start and PortAudio has ended it; meanwhile that thread primes the device from
+# the stream callback, taking audio from the utterance. ALSA's null device would let it take
+# any amount, as fast as it comes, depending on how soon the thread is ended; a device that
+# plays in real time, like a sound card (paced_device), lets it take a buffer's worth. Beside
+# a busy neighbour the thread is ended later still: alone, they run as in a serial run.
 @pytest.mark.alone
 def test_a_start_that_times_out_is_tried_again_and_plays(  # type: ignore[no-untyped-def]
-        long, slow_start, alsa_file) -> None:
+        long, slow_start, tmp_path: Path) -> None:
+    dev = paced_device(tmp_path, RATE)
     log: list[str] = []
-    results = run_driver({
-        "file": str(alsa_file.out), "start_rate": RATE,
-        "plays": [{"pcm": str(long), "rate": RATE}],
-    }, slow_env(alsa_file.env, slow_start, starts=1), alsa_file.out.parent, log=log)
+    results = run_driver(dev.spec(start_rate=RATE, plays=[{"pcm": str(long), "rate": RATE}]),
+                         slow_env(dev.env, slow_start, starts=1), tmp_path, log=log)
     r = results[0]
     assert r["error"] is None, "\n".join([r["error"], *log])
     x = as_samples(long.read_bytes())
@@ -83,13 +84,10 @@ def test_a_start_that_times_out_is_tried_again_and_plays(  # type: ignore[no-unt
     assert len(refused) == 1, "\n".join(log)
     assert "could not start the sound device 'default'" in refused[0]
     assert "Wait timed out" in refused[0]
-    # The refused start's audio thread ran the callback before PortAudio ended it: ALSA's
-    # null device behind the file plugin takes audio as fast as it comes, so it took the
-    # first blocks, which went nowhere (how many depends on when the thread got to its
-    # first wait; on a sound card, whose buffer is full of silence at the start, it is
-    # ended there before any callback). The rest, from the retry on, is on the device
-    # sample for sample, to the end.
-    out = as_samples(alsa_file.pcm())
+    # The refused start's thread may have primed the device with the utterance's first blocks
+    # (a buffer's worth at most, on this device); from the retry on, the rest is on the
+    # device sample for sample, to the end.
+    out = as_samples(dev.out.read_bytes())
     tail = x[-RATE:]
     assert any(np.array_equal(out[i:i + len(tail)], tail)
                for i in np.flatnonzero(out == tail[0])), "the end of the utterance is missing"
