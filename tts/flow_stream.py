@@ -109,12 +109,12 @@ class StreamingFlow:
 
 def _piece_frames(flow: ResidualCouplingBlock) -> int:
     """Frames per push that keep the flow's largest temporary, a convolution's overlapping
-    windows (``vits.tap_products``: kernel x hidden values a frame, for every frame a push
-    carries besides its own), below glibc's mmap threshold (``tts.memory``). Above it,
-    every such temporary is a fresh mapping whose pages fault in as the product's copy
-    writes them. A long sentence's 840 frames in one push spent a sixth of the flow's time
-    in that copying, in pieces a fifteenth: the flow measured 10% faster, the products'
-    rate the same."""
+    windows (``vits.tap_products``: kernel x hidden values a frame), below glibc's mmap
+    threshold (``tts.memory``), counting the frames a coupling holds back from earlier
+    pushes (up to the flow's receptive field) that a push carries besides its own. Above
+    the threshold every such temporary is a fresh mapping whose pages fault in as the
+    product's copy writes them: a long sentence's 840 frames in one push spend a sixth of
+    the flow's time in that copying, in pieces a fifteenth, at the same rate of products."""
     wn = next(f.enc for f in flow.flows if isinstance(f, ResidualCouplingLayer))
     conv = wn.in_layers[0]
     assert isinstance(conv, Conv)

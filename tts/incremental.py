@@ -17,6 +17,13 @@ import torch
 from torch import Tensor
 
 
+def empty(like: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """A new tensor of ``shape`` in ``like``'s dtype and layout (channels-last for the
+    generator's 4-D tensors)."""
+    layout = torch.channels_last if like.dim() == 4 else torch.contiguous_format
+    return torch.empty(shape, dtype=like.dtype, memory_format=layout)
+
+
 def keep(buf: Tensor, n: int) -> Tensor:
     """The last ``n`` samples, copied: a view would keep the whole buffer alive."""
     return buf[..., buf.shape[-1] - n :].clone()
@@ -38,8 +45,7 @@ def assemble(x: Tensor, tail: Tensor | None, lead: int, trail: int,
     """
     held = 0 if tail is None else tail.shape[-1]
     n = lead + held + x.shape[-1] + trail
-    layout = torch.channels_last if x.dim() == 4 else torch.contiguous_format
-    buf = torch.empty((*x.shape[:-1], n), dtype=x.dtype, memory_format=layout)
+    buf = empty(x, (*x.shape[:-1], n))
     if lead:
         buf[..., :lead].zero_()
     if tail is not None and held:
@@ -97,9 +103,7 @@ class StreamConv:
         buf = assemble(x, self.tail, lead, self.pad if final else 0, self.slope)
         if buf.shape[-1] <= self.context:
             self.tail = buf
-            shape = (*buf.shape[:1], self.out_channels, *buf.shape[2:-1], 0)
-            layout = torch.channels_last if buf.dim() == 4 else torch.contiguous_format
-            return torch.empty(shape, dtype=buf.dtype, memory_format=layout)
+            return empty(buf, (buf.shape[0], self.out_channels, *buf.shape[2:-1], 0))
         self.tail = keep(buf, self.context)
         return self.valid(buf)
 
@@ -137,6 +141,5 @@ class Delay:
 
     def take(self, x: Tensor, n: int) -> Tensor:
         """The oldest ``n`` samples of ``held ++ x``, as a new tensor."""
-        layout = torch.channels_last if x.dim() == 4 else torch.contiguous_format
-        out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, memory_format=layout)
+        out = empty(x, (*x.shape[:-1], n))
         return self.write_into(out, x, add=False)

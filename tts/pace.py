@@ -46,14 +46,13 @@ class Pace:
             return 0.0
         return max(0.0, self.handed - (self.clock() - self.first_out))
 
+    def spare(self) -> float:
+        """Seconds of buffered audio a window may take, the margin kept."""
+        return self.buffered() - self.margin
+
     def affordable(self) -> int:
         """Frames the buffered audio pays for at the last window's pace; 0 before any."""
-        if self.per_frame is None or self.first_out is None:
-            return 0
-        spare = self.buffered() - self.margin
-        if spare <= 0:
-            return 0
-        return int(min(spare / max(self.per_frame, 1e-6), 1e9))
+        return _frames(self.spare(), self.per_frame if self.first_out is not None else None)
 
     def size(self, planned: int, largest: int, asked: int | None) -> int:
         """The next window's frames: the plan, grown to what the buffer pays for while nothing
@@ -67,9 +66,8 @@ class Pace:
         audio handed out runs out (the margin spent), at the last window's pace; 0 before
         any. A sentence's last few frames are folded into the window before them rather than
         made a window of their own, which would cost a window's fixed overhead."""
-        if self.per_frame is None or self.first_out is None:
-            return 0
-        return max(0, int(min(self.buffered() / max(self.per_frame, 1e-6), 1e9)) - size)
+        per_frame = self.per_frame if self.first_out is not None else None
+        return max(0, _frames(self.buffered(), per_frame) - size)
 
     def flow_ahead(self, cap: int, flow_ran: tuple[int, float] | None) -> int:
         """Frames the flow may run ahead of what the next window needs: what half of the
@@ -78,13 +76,9 @@ class Pace:
         overhead, and running ahead spares pushes; but the frames computed early delay the
         next chunk, so only as far as the audio already out covers it. Before the first
         chunk nothing is buffered and nothing runs ahead."""
-        if flow_ran is None or flow_ran[0] <= 0 or self.first_out is None or cap <= 0:
+        if flow_ran is None or flow_ran[0] <= 0 or self.first_out is None:
             return 0
-        spare = self.buffered() - self.margin
-        if spare <= 0:
-            return 0
-        per_frame = flow_ran[1] / flow_ran[0]
-        return int(min(cap, 0.5 * spare / max(per_frame, 1e-6)))
+        return max(0, min(cap, _frames(0.5 * self.spare(), flow_ran[1] / flow_ran[0])))
 
     def ran(self, frames: int, seconds: float) -> None:
         """A window of ``frames`` took ``seconds`` to compute."""
@@ -96,6 +90,14 @@ class Pace:
         if self.first_out is None:
             self.first_out = self.clock()
         self.handed += samples / sample_rate
+
+
+def _frames(seconds: float, per_frame: float | None) -> int:
+    """Frames that ``seconds`` of compute pay for at ``per_frame`` seconds each; 0 for none,
+    or before anything was measured (``per_frame`` None)."""
+    if per_frame is None or seconds <= 0:
+        return 0
+    return int(min(seconds / max(per_frame, 1e-6), 1e9))
 
 
 def in_frames(seconds: float | None, frame_seconds: float) -> int | None:
