@@ -599,3 +599,45 @@ def test_sentences_shared_with_helpers_are_each_the_one_shot_audio(helping: str)
         assert np.abs(audio - whole).max() < 1e-4, k
     assert [s for _, s, _ in chunks] == sorted(s for _, s, _ in chunks)  # in order
     assert helpers.offered >= 3  # a piece of the first sentence, and later sentences
+
+
+@pytest.mark.parametrize("variant", ["medium", "high"])
+def test_the_generators_convolutions_meet_a_set_of_lengths_the_kernel_cache_holds(
+        variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """oneDNN builds a convolution for every input length it meets, and keeps a bounded
+    number (``tts.memory``). Whatever the windows and the sentences' lengths, the streamed
+    generator's convolutions must meet few enough lengths for that cache to hold them with
+    room to spare: else windows evict one another's and every one is built again."""
+    from tts.generator_stream import StreamingGenerator
+    from tts.memory import ONEDNN_CACHE_CAPACITY
+    from tts.vits.dec import Upsample
+    from tts.vits.layers import Conv
+
+    model = random_model(VARIANTS[variant])
+    shapes: set[tuple[object, ...]] = set()
+    conv_valid, polyphase = Conv.valid, Upsample.polyphase
+
+    def valid(self: Conv, x: torch.Tensor, pad: int = 0) -> torch.Tensor:
+        shapes.add((self.in_channels, self.out_channels, self.kernel_size, self.dilation,
+                    x.shape[-1]))
+        return conv_valid(self, x, pad)
+
+    def phases(self: Upsample, x: torch.Tensor, pad: int = 0) -> torch.Tensor:
+        shapes.add((self.in_channels, self.out_channels, self.kernel_size, x.shape[-1]))
+        return polyphase(self, x, pad)
+
+    monkeypatch.setattr(Conv, "valid", valid)
+    monkeypatch.setattr(Upsample, "polyphase", phases)
+    rng = np.random.default_rng(3)
+    calls = 0
+    for _ in range(30):
+        frames = int(rng.integers(1, 300))
+        z = torch.randn(1, model.config.inter_channels, frames)
+        gen, at = StreamingGenerator(model.dec, None), 0
+        with torch.inference_mode():
+            while at < frames:  # windows as the pace makes them, and any others
+                n = int(rng.choice([8, 16, 32, 64, 96, int(rng.integers(1, 200))]))
+                gen.push(nhwc(z[..., at : at + n]), final=at + n >= frames)
+                at, calls = at + n, calls + 1
+    assert calls > 100
+    assert len(shapes) <= ONEDNN_CACHE_CAPACITY * 3 // 4, len(shapes)

@@ -21,20 +21,32 @@ from .vits import LRELU_SLOPE, Conv, Generator, ResBlock1, ResBlock2, Upsample, 
 from .vits.layers import _as_int
 
 PIECE = 1 << 17  # values per piece in the upsampled stages (512 KiB of float32)
+# What a convolution's length is rounded up to (``StreamConv``'s ``quantum``): at the latent
+# frames' rate, frames; in the upsampled stages, a quarter of a piece. So each convolution
+# meets a handful of lengths, some 200 in all for a medium voice, which oneDNN's bounded
+# cache (``tts.memory``) holds; the zeros computed besides cost a few percent of a window.
+FRAMES_QUANTUM = 16
+PIECE_QUANTA = 4
 
 
-def _conv(module: object, slope: float | None) -> StreamConv:
+def _quantum(channels: int) -> int:
+    """The length quantum of a convolution over pieces of ``channels``-wide samples."""
+    return max(1, PIECE // channels // PIECE_QUANTA)
+
+
+def _conv(module: object, slope: float | None, quantum: int) -> StreamConv:
     assert isinstance(module, Conv), f"expected vits.Conv, got {type(module).__name__}"
-    return StreamConv.same(module, slope)
+    return StreamConv.same(module, slope, quantum)
 
 
 class _Upsample:
     """The polyphase transposed convolution fed piece by piece (see ``vits.Upsample``)."""
 
-    def __init__(self, up: Upsample) -> None:
+    def __init__(self, up: Upsample, quantum: int) -> None:
         self.up = up
         taps = up.taps - 1  # causal context of each phase
-        self.conv = StreamConv(up.polyphase, taps, taps, up.out_channels, LRELU_SLOPE)
+        self.conv = StreamConv(up.polyphase, taps, taps, up.out_channels, LRELU_SLOPE,
+                               quantum)
         self.skip = _as_int(up.padding)  # leading samples the one-shot output crops
         self.inputs = 0
         self.emitted = 0
@@ -54,12 +66,12 @@ class _Upsample:
 class _ResBlock:
     """ResBlock1 or ResBlock2: chains of leaky ReLU + convolution with residual adds."""
 
-    def __init__(self, block: ResBlock1 | ResBlock2) -> None:
+    def __init__(self, block: ResBlock1 | ResBlock2, quantum: int) -> None:
         if isinstance(block, ResBlock1):
-            self.chains = [[_conv(c1, LRELU_SLOPE), _conv(c2, LRELU_SLOPE)]
+            self.chains = [[_conv(c1, LRELU_SLOPE, quantum), _conv(c2, LRELU_SLOPE, quantum)]
                            for c1, c2 in zip(block.convs1, block.convs2)]
         else:
-            self.chains = [[_conv(c, LRELU_SLOPE)] for c in block.convs]
+            self.chains = [[_conv(c, LRELU_SLOPE, quantum)] for c in block.convs]
         self.delays = [Delay() for _ in self.chains]
 
     def push(self, x: Tensor, final: bool) -> Tensor:
@@ -95,13 +107,18 @@ class StreamingGenerator:
     def __init__(self, gen: Generator, g: Tensor | None) -> None:
         self.gen = gen
         self.cond = gen.cond(nhwc(g)) if g is not None else None
-        self.pre = _conv(gen.conv_pre, None)
-        self.ups = [_Upsample(u) for u in gen.ups]  # type: ignore[arg-type]
+        self.pre = _conv(gen.conv_pre, None, FRAMES_QUANTUM)
+        # Stage i's pieces are ups[i]'s output; ups[i] reads stage i-1's (ups[0]: frames).
+        ups: list[Upsample] = list(gen.ups)  # type: ignore[arg-type]
+        stage = [_quantum(u.out_channels) for u in ups]
+        self.ups = [_Upsample(u, stage[i - 1] if i else FRAMES_QUANTUM)
+                    for i, u in enumerate(ups)]
         nk = gen.num_kernels
-        self.blocks = [[_ResBlock(b) for b in gen.resblocks[i * nk : (i + 1) * nk]]  # type: ignore[arg-type]
+        self.blocks = [[_ResBlock(b, stage[i])  # type: ignore[arg-type]
+                        for b in gen.resblocks[i * nk : (i + 1) * nk]]
                        for i in range(len(gen.ups))]
         self.means = [_Mean(nk) for _ in gen.ups]
-        self.post = _conv(gen.conv_post, 0.01)  # F.leaky_relu's default, as trained
+        self.post = _conv(gen.conv_post, 0.01, stage[-1])  # F.leaky_relu's default, as trained
 
     def push(self, z: Tensor, final: bool = False) -> Tensor:
         """Latent frames, channels-last ``[1, c, 1, t]`` -> the audio samples now complete

@@ -36,8 +36,9 @@ def join(a: Tensor | None, b: Tensor) -> Tensor:
 
 
 def assemble(x: Tensor, tail: Tensor | None, lead: int, trail: int,
-             slope: float | None) -> Tensor:
-    """``[zeros(lead), tail, act(x), zeros(trail)]`` in one pass over ``x``.
+             slope: float | None, spare: int = 0) -> Tensor:
+    """``[zeros(lead), tail, act(x), zeros(trail)]`` in one pass over ``x``, followed by
+    ``spare`` more zeros that are not part of the signal (see ``StreamConv``'s ``quantum``).
 
     The activation (a leaky ReLU of ``slope``, or none) is written straight into the
     convolution's input buffer: joining and activating separately would each cost a full
@@ -45,7 +46,7 @@ def assemble(x: Tensor, tail: Tensor | None, lead: int, trail: int,
     """
     held = 0 if tail is None else tail.shape[-1]
     n = lead + held + x.shape[-1] + trail
-    buf = empty(x, (*x.shape[:-1], n))
+    buf = empty(x, (*x.shape[:-1], n + spare))
     if lead:
         buf[..., :lead].zero_()
     if tail is not None and held:
@@ -55,7 +56,7 @@ def assemble(x: Tensor, tail: Tensor | None, lead: int, trail: int,
         body.copy_(x)
     else:
         torch.ops.aten.leaky_relu.out(x, slope, out=body)
-    if trail:
+    if trail or spare:
         buf[..., n - trail :].zero_()
     return buf
 
@@ -80,32 +81,64 @@ class StreamConv:
     the radius for a 'same' convolution, ``taps - 1`` for a causal one). ``slope``: the
     leaky ReLU applied to the inputs first, or None. ``out_channels``: what a piece too
     short for any output gives back is empty, but of the right shape for what follows.
+
+    ``quantum``: the convolution is computed over a whole number of ``quantum`` outputs
+    (fewer than one: an eighth or quarters of it, ``rounded``), the input padded
+    with zeros beyond the signal and the outputs past it dropped (no kept output depends on
+    those zeros). oneDNN builds a convolution for every input length it meets, which costs
+    far more than running it (tens of milliseconds over a window of the generator's); with
+    the lengths rounded, a few recur from window to window and sentence to sentence, and
+    the cache of built ones holds them all.
     """
 
     def __init__(self, valid: Callable[[Tensor], Tensor], pad: int, context: int,
-                 out_channels: int, slope: float | None = None) -> None:
+                 out_channels: int, slope: float | None = None, quantum: int = 1) -> None:
         self.valid = valid
         self.pad = pad
         self.context = context
         self.out_channels = out_channels
         self.slope = slope
+        self.quantum = quantum
         self.tail: Tensor | None = None
 
     @classmethod
-    def same(cls, conv: SameConv, slope: float | None = None) -> StreamConv:
+    def same(cls, conv: SameConv, slope: float | None = None, quantum: int = 1
+             ) -> StreamConv:
         """A 'same' convolution (any radius, 0 for a 1x1) fed piece by piece."""
-        return cls(conv.valid, conv.radius, 2 * conv.radius, conv.out_channels, slope)
+        return cls(conv.valid, conv.radius, 2 * conv.radius, conv.out_channels, slope,
+                   quantum)
 
     def push(self, x: Tensor, final: bool) -> Tensor:
-        if self.context == 0 and self.slope is None:
+        if self.context == 0 and self.slope is None and self.quantum == 1:
             return self.valid(x)  # pointwise: nothing to keep, nothing to copy
         lead = self.pad if self.tail is None else 0
-        buf = assemble(x, self.tail, lead, self.pad if final else 0, self.slope)
-        if buf.shape[-1] <= self.context:
-            self.tail = buf
-            return empty(buf, (buf.shape[0], self.out_channels, *buf.shape[2:-1], 0))
-        self.tail = keep(buf, self.context)
-        return self.valid(buf)
+        trail = self.pad if final else 0
+        held = 0 if self.tail is None else self.tail.shape[-1]
+        n = lead + held + x.shape[-1] + trail
+        if n <= self.context:
+            self.tail = assemble(x, self.tail, lead, trail, self.slope)
+            return empty(x, (x.shape[0], self.out_channels, *x.shape[2:-1], 0))
+        outputs = n - self.context  # in input samples
+        spare = rounded(outputs, self.quantum) - outputs
+        buf = assemble(x, self.tail, lead, trail, self.slope, spare)
+        self.tail = keep(buf[..., :n], self.context)
+        y = self.valid(buf)
+        if spare:  # the outputs of the padding (an upsampler gives several per input)
+            y = y[..., : y.shape[-1] // (outputs + spare) * outputs]
+        return y
+
+
+def rounded(n: int, quantum: int) -> int:
+    """``n`` rounded up to a whole number of ``quantum``; below one, to an eighth of it or a
+    whole number of quarters (a short piece, a sentence's first, is not made several times
+    longer, and the lengths stay few)."""
+    if n >= quantum:
+        step = quantum
+    elif n > quantum // 8:
+        step = max(1, quantum // 4)
+    else:
+        return max(1, quantum // 8)
+    return -(-n // step) * step
 
 
 class Delay:

@@ -25,10 +25,13 @@ library code only start-up needed.
   audio as fast as before.
 * **oneDNN's cache of convolution kernels, bounded.** oneDNN compiles a kernel for every
   convolution shape it meets and keeps up to 1024 of them. Each sentence has its own length,
-  so its encoder and prior convolutions have shapes of their own: a long text fills the
-  cache, and the process keeps the kernels for good. ``ONEDNN_CACHE_CAPACITY`` still holds
-  the shapes every request uses (the generator's windows, the common lengths: about a
-  hundred); a shape evicted and met again is compiled again, a fraction of a millisecond
+  so a long text would fill the cache, and the process keep the kernels for good. The
+  streamed generator rounds its convolutions' lengths (``StreamConv``'s ``quantum``), so the
+  shapes it meets are a set whatever is said: about 130 for a medium voice, 300 for a
+  high one, which has twice the convolutions. ``ONEDNN_CACHE_CAPACITY`` holds all of them
+  with room for the shapes of a sentence's own length elsewhere; below the set, the
+  windows' convolutions evict one another in turn and every one is compiled again (a
+  short command took 1.1x as long). A shape evicted and met again is compiled again
   (bench/README.md has both sides). An operator's own ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``
   wins.
 * **PyTorch's cache of convolution descriptions, bounded too.** Above oneDNN, PyTorch's
@@ -38,9 +41,10 @@ library code only start-up needed.
   about 15 MB of heap in use for good after a 3,000-character request, and held on to the
   kernels oneDNN's bounded cache had let go. At ``IDEEP_CACHE_CAPACITY``, as many as the
   kernels oneDNN keeps, it holds what every request uses: a hit saves building the
-  description again (tens of microseconds a convolution), which did not show in total
-  synthesis time at any capacity, but at 64 a short command's first audio came a few
-  milliseconds later. An operator's own ``LRU_CACHE_CAPACITY`` wins.
+  description again (tens of microseconds a convolution), which did not show in a long
+  varied text's total synthesis time at any capacity (its lengths were all new), but at 64
+  a short command's first audio came a few milliseconds later. An operator's own
+  ``LRU_CACHE_CAPACITY`` wins.
 * **Library code that was only needed to start, unmapped.** Importing torch maps in more
   than a hundred megabytes of its libraries' code (their initialisers touch it) that
   synthesis never runs again, and every mapped page counts in the process's resident size.
@@ -71,8 +75,8 @@ KEEP_WARM_MODES: tuple[KeepWarm, ...] = get_args(KeepWarm)
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 _MADV_DONTNEED = 4
 MMAP_THRESHOLD = 1 << 20  # bytes
-ONEDNN_CACHE_CAPACITY = 256  # kernels; oneDNN's default is 1024
-IDEEP_CACHE_CAPACITY = 256  # convolution descriptions (one per kernel); PyTorch's default: 1024
+ONEDNN_CACHE_CAPACITY = 512  # kernels; oneDNN's default is 1024
+IDEEP_CACHE_CAPACITY = 512  # convolution descriptions (one per kernel); PyTorch's default: 1024
 REST_SLACK_MB = 16.0  # resident growth over the resting level that an idle moment hands back
 
 
