@@ -88,7 +88,8 @@ class StreamConv:
     those zeros). oneDNN builds a convolution for every input length it meets, which costs
     far more than running it (tens of milliseconds over a window of the generator's); with
     the lengths rounded, a few recur from window to window and sentence to sentence, and
-    the cache of built ones holds them all.
+    the cache of built ones holds them all. A first push that is not the last is not
+    rounded (see ``push``).
     """
 
     def __init__(self, valid: Callable[[Tensor], Tensor], pad: int, context: int,
@@ -119,7 +120,11 @@ class StreamConv:
             self.tail = assemble(x, self.tail, lead, trail, self.slope)
             return empty(x, (x.shape[0], self.out_channels, *x.shape[2:-1], 0))
         outputs = n - self.context  # in input samples
-        spare = rounded(outputs, self.quantum) - outputs
+        # A sentence's first push that is not its last is its first window, whose length
+        # the plan fixes: its lengths recur as they are, and rounding would only delay the
+        # first audio.
+        first = self.tail is None and not final
+        spare = 0 if first else rounded(outputs, self.quantum) - outputs
         buf = assemble(x, self.tail, lead, trail, self.slope, spare)
         self.tail = keep(buf[..., :n], self.context)
         y = self.valid(buf)

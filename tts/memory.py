@@ -27,7 +27,7 @@ library code only start-up needed.
   convolution shape it meets and keeps up to 1024 of them. Each sentence has its own length,
   so a long text would fill the cache, and the process keep the kernels for good. The
   streamed generator rounds its convolutions' lengths (``StreamConv``'s ``quantum``), so the
-  shapes it meets are a set whatever is said: about 130 for a medium voice, 300 for a
+  shapes it meets are a set whatever is said: about 200 for a medium voice, 400 for a
   high one, which has twice the convolutions. ``ONEDNN_CACHE_CAPACITY`` holds all of them
   with room for the shapes of a sentence's own length elsewhere; below the set, the
   windows' convolutions evict one another in turn and every one is compiled again (a
@@ -75,8 +75,8 @@ KEEP_WARM_MODES: tuple[KeepWarm, ...] = get_args(KeepWarm)
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 _MADV_DONTNEED = 4
 MMAP_THRESHOLD = 1 << 20  # bytes
-ONEDNN_CACHE_CAPACITY = 512  # kernels; oneDNN's default is 1024
-IDEEP_CACHE_CAPACITY = 512  # convolution descriptions (one per kernel); PyTorch's default: 1024
+ONEDNN_CACHE_CAPACITY = 768  # kernels; oneDNN's default is 1024
+IDEEP_CACHE_CAPACITY = 768  # convolution descriptions (one per kernel); PyTorch's default: 1024
 REST_SLACK_MB = 16.0  # resident growth over the resting level that an idle moment hands back
 
 
