@@ -12,7 +12,7 @@ one before it gave; and the whole graph in one session, as piper-tts runs it. Al
 timed by turns, run by run, so that a host's drift hits both engines alike; times are the
 thread's CPU time (what other processes on a shared host do not change), medians. None of
 these runs is profiled: onnxruntime's profiler adds a cost to each of the graph's thousand-odd
-nodes (a tenth of a short command's time), so its sums would flatter herald.
+nodes (a fifth of a short command's time), so its sums would flatter herald.
 
 The operator tables come from the profilers, torch's over the streamed sentence and
 onnxruntime's over the whole graph, and carry each profiler's own cost per operator: read
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import os
 import statistics
@@ -98,17 +99,26 @@ def herald_stages(text: str) -> tuple[dict[str, Callable[[], object]], float, An
     return stages, audio_s, z_p.squeeze(2).numpy(), z.squeeze(2).numpy()
 
 
-def _feed(text: str) -> tuple[Path, dict[str, Any]]:
-    """The voice's model file and piper-tts's inputs for ``text``'s first sentence."""
+def piper_inputs(ids: list[int], scales: tuple[float, float, float]) -> dict[str, Any]:
+    """A piper voice's graph inputs for one sentence's ``ids``: its noise scale, length
+    scale and duration noise (``scales``)."""
     import numpy as np
 
+    return {"input": np.array([ids], np.int64), "input_lengths": np.array([len(ids)], np.int64),
+            "scales": np.array(scales, np.float32)}
+
+
+@functools.cache
+def _feed(text: str) -> tuple[Path, dict[str, Any]]:
+    """The voice's model file and piper-tts's inputs for ``text``'s first sentence, with the
+    voice's own scales (as piper-tts and herald's stages use them)."""
     from tts import VoiceCatalog
 
     catalog = VoiceCatalog()
-    ids = catalog.synthesizer().sentences(text)[0]
-    return catalog.resolve().model_path, {
-        "input": np.array([ids], np.int64), "input_lengths": np.array([len(ids)], np.int64),
-        "scales": np.array([0.667, 1.0, 0.8], np.float32)}
+    synth = catalog.synthesizer()
+    c = synth.voice.config
+    return catalog.resolve().model_path, piper_inputs(
+        synth.sentences(text)[0], (c.noise_scale, c.length_scale, c.noise_w))
 
 
 def _session_options() -> Any:

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.profile import onnxruntime_sessions
+from bench.profile import onnxruntime_sessions, piper_inputs
 
 
 def test_the_graph_cut_into_prior_flow_and_decoder_chains_into_the_whole(catalog) -> None:  # type: ignore[no-untyped-def]
     ids = catalog.synthesizer().sentences("Turn on the kitchen lights.")[0]
     # No sampling noise: the prior is the same in both runs.
-    feed = {"input": np.array([ids], np.int64), "input_lengths": np.array([len(ids)], np.int64),
-            "scales": np.array([0.0, 1.0, 0.0], np.float32)}
+    feed = piper_inputs(ids, (0.0, 1.0, 0.0))
     parts = onnxruntime_sessions(catalog.resolve().model_path)
     prior = parts.prior.run(None, feed)
     frames = max(prior, key=lambda a: a.shape[1])  # beside it, the frames' mask

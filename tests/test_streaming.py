@@ -638,7 +638,8 @@ def test_the_generators_convolutions_meet_a_set_of_lengths_the_kernel_cache_hold
         with torch.inference_mode():
             while at < frames:  # windows as the pace makes them, and any others
                 n = int(rng.choice([8, 16, 32, 64, 96, int(rng.integers(1, 200))]))
-                n = n if at else 19  # the first window with the generator's look-ahead
+                # The first: the plan's first window and the generator's look-ahead.
+                n = n if at else 8 + model.dec.receptive_field
                 gen.push(nhwc(z[..., at : at + n]), final=at + n >= frames)
                 at, calls = at + n, calls + 1
     assert calls > 100

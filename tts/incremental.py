@@ -120,9 +120,9 @@ class StreamConv:
             self.tail = assemble(x, self.tail, lead, trail, self.slope)
             return empty(x, (x.shape[0], self.out_channels, *x.shape[2:-1], 0))
         outputs = n - self.context  # in input samples
-        # A sentence's first push that is not its last is its first window, whose length
-        # the plan fixes: its lengths recur as they are, and rounding would only delay the
-        # first audio.
+        # A first push that is not the last is the first window of a sentence (or of a
+        # helper's piece), whose length the plan fixes: its lengths recur as they are, and
+        # rounding them would only delay the first audio.
         first = self.tail is None and not final
         spare = 0 if first else rounded(outputs, self.quantum) - outputs
         buf = assemble(x, self.tail, lead, trail, self.slope, spare)
@@ -135,8 +135,8 @@ class StreamConv:
 
 def rounded(n: int, quantum: int) -> int:
     """``n`` rounded up to a whole number of ``quantum``; below one, to an eighth of it or a
-    whole number of quarters (a short piece, a sentence's first, is not made several times
-    longer, and the lengths stay few)."""
+    whole number of quarters (a short piece is not made several times longer, and the
+    lengths stay few)."""
     if n >= quantum:
         step = quantum
     elif n > quantum // 8:
