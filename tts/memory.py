@@ -7,6 +7,14 @@ library code only start-up needed.
   temporary is a fresh mapping whose pages fault in on first touch: measured 30% slower. At
   1 MiB the few largest tensors are mapped and the rest reuse the heap; with the generator's
   cache-sized pieces nearly all of them are below it (bench/README.md has the figures).
+* **The heap's free top kept, up to TRIM_THRESHOLD.** glibc hands the free top of a heap
+  back to the system whenever it grows past its trim threshold: 128 KiB by default, and
+  pinning the mmap threshold also stops glibc from raising that one (to twice the mmap
+  threshold) as it otherwise would. The flow's and the generator's pieces are temporaries
+  of half a megabyte, freed at the top of the heap: at 128 KiB every piece was handed back
+  and faulted in again by the next, some 5,600 page faults a long sentence, each a page
+  zeroed by the kernel. At TRIM_THRESHOLD, the slack the resting level allows anyway, a
+  sentence faults none in; what it leaves free is handed back with the rest when idle.
 * **Freed memory handed back after a voice loads.** glibc keeps what a program frees inside
   its heap, resident, for the next allocation there. Loading a voice parses its whole ONNX
   file (the file's bytes, the protobuf, NumPy copies: several times the weights) and frees
@@ -72,12 +80,14 @@ log = logging.getLogger(__name__)
 KeepWarm = Literal["auto", "on", "off"]
 KEEP_WARM_MODES: tuple[KeepWarm, ...] = get_args(KeepWarm)
 
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+_M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters
+_M_MMAP_THRESHOLD = -3
 _MADV_DONTNEED = 4
 MMAP_THRESHOLD = 1 << 20  # bytes
 ONEDNN_CACHE_CAPACITY = 768  # kernels; oneDNN's default is 1024
 IDEEP_CACHE_CAPACITY = 768  # convolution descriptions (one per kernel); PyTorch's default: 1024
 REST_SLACK_MB = 16.0  # resident growth over the resting level that an idle moment hands back
+TRIM_THRESHOLD = int(REST_SLACK_MB) << 20  # bytes of free heap top glibc keeps mapped
 
 
 @cache
@@ -95,11 +105,13 @@ def _glibc() -> Any:
     return libc
 
 
-def pin_mmap_threshold() -> None:
-    """Allocations of MMAP_THRESHOLD bytes and more get their own mapping, always."""
+def pin_allocator_thresholds() -> None:
+    """Allocations of MMAP_THRESHOLD bytes and more get their own mapping, always; a heap's
+    free top is handed back only past TRIM_THRESHOLD (and by ``release_free_memory``)."""
     libc = _glibc()
     if libc is not None:
         libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
 def bound_kernel_cache() -> None:

@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from .memory import bound_kernel_cache, pin_mmap_threshold, release_startup_code
+from .memory import bound_kernel_cache, pin_allocator_thresholds, release_startup_code
 
 
 def cores() -> int:
@@ -47,10 +47,10 @@ def prepare_thread() -> None:
 
 def prepare_process() -> None:
     """Set up this process for synthesis and its calling thread for computing: glibc's mmap
-    threshold, oneDNN's kernel cache and the library code only start-up ran (``tts.memory``),
-    then ``prepare_thread``. Every process that synthesizes calls this first, before it loads
-    a voice."""
-    pin_mmap_threshold()
+    and trim thresholds, oneDNN's kernel cache and the library code only start-up ran
+    (``tts.memory``), then ``prepare_thread``. Every process that synthesizes calls this
+    first, before it loads a voice."""
+    pin_allocator_thresholds()
     bound_kernel_cache()
     release_startup_code()
     prepare_thread()
