@@ -288,6 +288,68 @@ def test_the_next_sentence_is_handed_out_after_the_first_audio() -> None:
     assert taken == ["prior 0", "prior 1"] and helpers.offered >= 2
 
 
+class Stalled(Inline):
+    """One helper, busy with the first piece it is handed until the playing lane waits for
+    that piece; the pieces handed after it wait in its queue, where the playing lane may take
+    them back."""
+
+    def decode(self, model: Vits, job: PieceJob) -> Helping:
+        self.offered += 1
+        return StalledPiece(model, job, begun=self.offered == 1)
+
+
+class StalledPiece:
+    def __init__(self, model: Vits, job: PieceJob, begun: bool) -> None:
+        self.model, self.job, self.begun = model, job, begun
+
+    def claim(self) -> bool:
+        return not self.begun
+
+    def queued(self) -> bool:
+        return not self.begun
+
+    def take(self, wait: bool) -> list[tuple[np.ndarray, bool]]:
+        assert self.begun, "a piece taken back is not asked for its audio"
+        return list(self.job.decode(self.model, 32)) if wait else []
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_a_sentence_taken_back_from_the_helpers_queue_lets_the_next_be_handed_out_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While its helper makes the rest of the first sentence, the playing lane takes the
+    second back from the helper's queue; the third is handed out before it decodes the
+    second, so the helper has it to begin as soon as it is free, and the audio is the same."""
+    from tts import lanes
+
+    model = random_model(VARIANTS["medium"])
+    torch.manual_seed(9)
+    zs = [torch.randn(1, model.config.inter_channels, frames) for frames in (200, 120, 120)]
+    events: list[str] = []
+
+    def priors() -> Iterator[Prior]:
+        for k, z in enumerate(zs):
+            events.append(f"prior {k}")
+            yield z, None
+
+    window = lanes._Lanes._window
+
+    def observed(self: lanes._Lanes, span: lanes._Span, playing: bool) -> None:
+        events.append(f"window {span.sentence}")
+        window(self, span, playing)
+
+    monkeypatch.setattr(lanes._Lanes, "_window", observed)
+    helpers = Stalled(2)
+    chunks = list(decode_sentences(model, priors(), helpers=helpers))
+    assert helpers.offered == 3, events  # the first sentence's rest, then the next two
+    assert events.index("prior 2") < events.index("window 1"), events
+    with torch.inference_mode():
+        for k, z in enumerate(zs):
+            got = np.concatenate([c for c, s, _ in chunks if s == k])
+            assert np.abs(got - model.decode(z, None)[0, 0].numpy()).max() < 1e-4, k
+
+
 def test_a_sentence_is_known_whole_once_its_last_part_is_joined() -> None:
     """The prior's parts say which is the last: the sentence's length is known as soon as
     it is joined, without asking for one more (which, after the head, would compute the

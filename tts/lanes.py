@@ -193,7 +193,13 @@ class _Lanes:
     def _meanwhile(self, waiting: _Span) -> bool:
         """Something useful while ``waiting``'s helper has sent nothing: hand out the next
         sentence if the helpers have room, else decode a window of a later span no helper
-        has begun. False if there is nothing to do but wait."""
+        has begun. False if there is nothing to do but wait.
+
+        A span taken back from a helper's queue is decoded only on the next call: the queue
+        it leaves may take the next sentence first. Decoded at once, the helper would run
+        dry while this lane makes a large window, and the text's last sentence would be
+        handed out only after it, with this lane then idle while a helper makes all of it.
+        """
         if self._hand_out():
             return True
         for span in list(self.spans)[1:]:
@@ -201,6 +207,7 @@ class _Lanes:
                 span.asked = True
                 if span.helping.claim():
                     span.helping = None
+                    return True
             if span.helping is None and not span.finished:
                 self._window(span, playing=False)
                 return True
