@@ -7,16 +7,20 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 
+import numpy as np
 import pytest
+import torch
 from audio_checks import assert_pcm_close, assert_speech, pcm16
 from sentences import LONG_SENTENCE
 
 from daemon.synthesis import deadlines, workers
 from daemon.synthesis.engine import Engine, EngineSettings
-from daemon.synthesis.helpers import HelperPool, Lent
+from daemon.synthesis.helpers import WINDOW, HelperPool, Lent
 from tts import SynthesisOptions, to_pcm16
+from tts.pieces import Helping, PieceJob
 
 PARAGRAPH = ("The kitchen lights are on. The front door is locked. It will rain after six. "
              "Your parcel arrives tomorrow morning.")
@@ -80,6 +84,36 @@ def test_a_helper_keeps_no_descriptor_of_herald(synth, pool, tmp_path) -> None: 
             fresh.close()
     assert sorted(int(fd) for fd in fds if int(fd) > 2) == [max(int(fd) for fd in fds)]
     assert len(fds) == 4
+
+
+def test_handing_pieces_to_a_busy_helper_does_not_wait_for_it(synth, pool) -> None:  # type: ignore[no-untyped-def]
+    """A helper reads its messages only between pieces. Pieces handed to it meanwhile, more
+    than its connection's buffer holds (here the helper is stopped outright), must not hold
+    the lane that hands them out; once the helper goes on, it decodes every one of them,
+    the same audio as the lane would."""
+    model = synth.model
+    torch.manual_seed(3)
+    jobs = [PieceJob(torch.randn(1, model.config.inter_channels, 400), 0, None, None, 1.0)
+            for _ in range(4)]  # 300 KB of frames each
+    pid = pool.pids[0]
+    handed: list[Helping] = []
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        hand_out = threading.Thread(
+            target=lambda: handed.extend(pool.decode(model, job) for job in jobs), daemon=True)
+        hand_out.start()
+        hand_out.join(timeout=30)
+        held = hand_out.is_alive()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert not held, "handing pieces to a helper busy elsewhere waited for it to read them"
+    for job, helping in zip(jobs, handed, strict=True):
+        got = []
+        while not got or not got[-1][1]:
+            got += helping.take(wait=True)
+        here = np.concatenate([samples for samples, _ in job.decode(model, WINDOW)])
+        assert np.abs(np.concatenate([samples for samples, _ in got]) - here).max() < 1e-6
+    assert pool.decoded == len(jobs)
 
 
 def test_a_synthesis_lent_no_lanes_hands_nothing_out(synth, pool) -> None:  # type: ignore[no-untyped-def]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import signal
 import socket
 import threading
@@ -113,13 +114,16 @@ class _Helper:
         self.closing = False  # herald is ending it: its end is no news
         self.voices: set[str] = set()
         self.jobs: dict[int, _Job] = {}
-        self._send = threading.Lock()
+        self._outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._reader = threading.Thread(target=self._read, name=f"herald-helper-{pid}",
                                         daemon=True)
+        self._writer = threading.Thread(target=self._write,
+                                        name=f"herald-helper-{pid}-send", daemon=True)
 
     def start(self) -> None:
-        """Start reading its messages (a thread: once every helper is forked)."""
+        """Start reading and writing its messages (threads: once every helper is forked)."""
         self._reader.start()
+        self._writer.start()
 
     def close(self) -> None:
         """Close the connection once the process has ended: its reader has met the end of
@@ -127,6 +131,9 @@ class _Helper:
         fails there with a TypeError)."""
         if self._reader.is_alive():
             self._reader.join(timeout=1.0)
+        self._outbox.put(None)
+        if self._writer.is_alive():
+            self._writer.join(timeout=1.0)
         with contextlib.suppress(OSError):
             self.conn.close()
 
@@ -135,15 +142,26 @@ class _Helper:
         return len(self.jobs)
 
     def send(self, message: tuple[Any, ...]) -> bool:
-        with self._send:
-            if not self.alive:
-                return False
+        """Hand a message to the writer thread; False if the helper is known to have ended.
+
+        The caller (a synthesis's playing lane) never waits for the helper to read: a
+        helper reads its messages only between pieces, and a sentence's frames (a few
+        hundred kilobytes) fill the socket's buffer, so writing one while the helper was
+        busy held the playing lane until the helper's piece was done. A message the writer
+        cannot deliver means the helper has ended: the reader meets the end of the
+        connection and fails the helper's jobs over to the lanes that play them."""
+        if not self.alive:
+            return False
+        self._outbox.put(message)
+        return True
+
+    def _write(self) -> None:
+        while (message := self._outbox.get()) is not None:
             try:
                 self.conn.send(message)
-                return True
             except OSError:
                 self.alive = False
-                return False
+                return
 
     def forget(self, job_id: int) -> None:
         self.jobs.pop(job_id, None)
