@@ -222,7 +222,7 @@ class Composer:
                                               whole),
                            self.sample_rate(planner.voice), planner.voice, planner.warnings)
 
-    # --- rendering one step ---------------------------------------------------------------
+    # --- rendering the steps ---------------------------------------------------------------
 
     def _render_neural(self, first: Say, queue: _Steps, options: SynthesisOptions,
                        speed: float, rate: int, generator: torch.Generator | None,
@@ -233,7 +233,7 @@ class Composer:
         pauses between them (taken from ``queue`` as their sentences are needed): their
         sentences in one synthesis, so that while one plays the helpers decode the next
         (``tts.lanes``), and the pauses in their places. Rendered a sentence at a time,
-        a text's sentences were never decoded at once on several lanes."""
+        a text's sentences would never be decoded at once on several lanes."""
         synth = self.catalog.synthesizer(first.voice)
         config = synth.voice.config
         opts = replace(options, length_scale=config.length_scale / (speed * first.rate),

@@ -11,10 +11,11 @@ library code only start-up needed.
   back to the system whenever it grows past its trim threshold: 128 KiB by default, and
   pinning the mmap threshold also stops glibc from raising that one (to twice the mmap
   threshold) as it otherwise would. The flow's and the generator's pieces are temporaries
-  of half a megabyte, freed at the top of the heap: at 128 KiB every piece was handed back
-  and faulted in again by the next, some 5,600 page faults a long sentence, each a page
-  zeroed by the kernel. At TRIM_THRESHOLD, the slack the resting level allows anyway, a
-  sentence faults none in; what it leaves free is handed back with the rest when idle.
+  of half a megabyte, freed at the top of the heap: at 128 KiB every piece is handed back
+  and faulted in again by the next, thousands of page faults a long sentence, each a page
+  the kernel zeroes (bench/README.md has the figures). At TRIM_THRESHOLD, the slack the
+  resting level allows anyway, a sentence faults next to none in; what it leaves free is
+  handed back with the rest when idle.
 * **Freed memory handed back after a voice loads.** glibc keeps what a program frees inside
   its heap, resident, for the next allocation there. Loading a voice parses its whole ONNX
   file (the file's bytes, the protobuf, NumPy copies: several times the weights) and frees
