@@ -147,8 +147,8 @@ class _Helper:
         The caller (a synthesis's playing lane) never waits for the helper to read: a
         helper reads its messages only between pieces, and a sentence's frames (a few
         hundred kilobytes) fill the socket's buffer, so writing one while the helper is
-        busy would hold the playing lane until the helper's piece is done. A message the writer
-        cannot deliver means the helper has ended: the reader meets the end of the
+        busy would hold the playing lane until the helper's piece is done. A message the
+        writer cannot deliver means the helper has ended: the reader meets the end of the
         connection and fails the helper's jobs over to the lanes that play them."""
         if not self.alive:
             return False
