@@ -12,16 +12,51 @@ tens of megabytes from run to run whatever herald does."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port, wait_port
+from conftest import ROOT, free_port, wait_port
 from herald_process import start_herald
 
 from bench.resting import SENTENCES, long_text, resting, synthesize
 
+# A fresh process: a 40 MB buffer held at the first hand-back and freed after it (the warm
+# probe's, a first request's one-off work), then a request's heap: 14 MB of half-megabyte
+# pieces, freed but resident at the heap's top (below glibc's trim threshold, as herald sets
+# it), over a slack of 8 MB.
+RESTING_CODE = """
+import json
+import numpy as np
+from tts.memory import RestingLevel, anonymous_mb, pin_allocator_thresholds
+pin_allocator_thresholds()
+rest = RestingLevel(slack_mb=8)
+held = np.ones(40 << 17)
+rest.idle()
+del held
+rest.observe()  # a synthesis starts from idle
+pieces = [np.ones(1 << 16) for _ in range(28)]
+del pieces
+before = anonymous_mb()
+due = rest.due()
+rest.idle()
+print(json.dumps([due, before - anonymous_mb()]))
+"""
 LONG_CHARS = 3000  # about 160 s of speech
 KEEP_MB = 24.0  # what the long request may leave resident, once idle
+
+
+def test_what_is_freed_after_a_hand_back_lowers_the_resting_level() -> None:
+    """The level a hand-back reads can hold what is freed a moment later. Left there, a
+    request's growth hides under it and is never handed back: the level follows the
+    readings at rest down."""
+    out = subprocess.run([sys.executable, "-c", RESTING_CODE], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    due, handed_back = json.loads(out.splitlines()[-1])
+    assert due, "14 MB of freed heap above where the process rests was not due to go back"
+    assert handed_back > 10, f"only {handed_back:.0f} MB of the 14 MB freed went back"
 
 
 @pytest.mark.slow

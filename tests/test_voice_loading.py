@@ -112,11 +112,11 @@ def test_loading_a_voice_hands_the_parsed_file_back() -> None:
     code = (
         "import ctypes, json\n"
         "from tts import VoiceCatalog\n"
-        "from tts.memory import resident_mb\n"
+        "from tts.memory import anonymous_mb\n"
         "voice = VoiceCatalog().synthesizer()  # kept: only the garbage may go\n"
-        "before = resident_mb()\n"
+        "before = anonymous_mb()\n"
         "ctypes.CDLL('libc.so.6').malloc_trim(0)\n"
-        "print(json.dumps([before, resident_mb()]))\n")
+        "print(json.dumps([before, anonymous_mb()]))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          timeout=120, check=True).stdout
     before, after = json.loads(out.splitlines()[-1])

@@ -29,9 +29,9 @@ library code only start-up needed.
   of the threads that rendered it holding what its sentences used, freed but resident:
   ``RestingLevel`` hands it back when its caller has nothing in hand (no synthesis, and no
   audio still on its way to a listener: what is freed after a hand-back stays resident) and
-  the process holds more than ``REST_SLACK_MB`` above where it rested after the last
-  hand-back. Short commands never get there, so their pages stay mapped and their first
-  audio as fast as before.
+  the process holds more than ``REST_SLACK_MB`` of anonymous memory above the lowest it
+  rested at since the last hand-back. Short commands never get there, so their pages stay
+  mapped and their first audio as fast as before.
 * **oneDNN's cache of convolution kernels, bounded.** oneDNN compiles a kernel for every
   convolution shape it meets and keeps up to 1024 of them. Each sentence has its own length,
   so a long text would fill the cache, and the process keep the kernels for good. The
@@ -87,7 +87,7 @@ _MADV_DONTNEED = 4
 MMAP_THRESHOLD = 1 << 20  # bytes
 ONEDNN_CACHE_CAPACITY = 768  # kernels; oneDNN's default is 1024
 IDEEP_CACHE_CAPACITY = 768  # convolution descriptions (one per kernel); PyTorch's default: 1024
-REST_SLACK_MB = 16.0  # resident growth over the resting level that an idle moment hands back
+REST_SLACK_MB = 16.0  # anonymous growth over the resting level that an idle moment hands back
 TRIM_THRESHOLD = int(REST_SLACK_MB) << 20  # bytes of free heap top glibc keeps mapped
 
 
@@ -125,11 +125,17 @@ def bound_kernel_cache() -> None:
     os.environ.setdefault("LRU_CACHE_CAPACITY", str(IDEEP_CACHE_CAPACITY))
 
 
-def resident_mb() -> float | None:
-    """This process's resident memory in MB (Linux), for the log."""
+def anonymous_mb() -> float | None:
+    """This process's resident anonymous memory in MB (Linux): the heaps and the weights,
+    what the process itself keeps. Resident file-backed pages (torch's libraries' code) are
+    left out: the kernel drops them and reads them back as the host's memory is in demand,
+    which moves a level read with them by tens of megabytes whatever the process does.
+    ``/proc/self/statm``: resident less shared (file-backed and shmem), a read of
+    microseconds."""
     try:
         with open("/proc/self/statm") as f:
-            pages = int(f.read().split()[1])
+            fields = f.read().split()
+        pages = int(fields[1]) - int(fields[2])
     except (OSError, ValueError, IndexError):
         return None
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -140,11 +146,11 @@ def release_free_memory(why: str) -> bool:
     libc = _glibc()
     if libc is None:
         return False
-    before = resident_mb() if log.isEnabledFor(logging.DEBUG) else None  # for the log only
+    before = anonymous_mb() if log.isEnabledFor(logging.DEBUG) else None  # for the log only
     released = bool(libc.malloc_trim(0))
-    after = resident_mb() if before is not None else None
+    after = anonymous_mb() if before is not None else None
     if before is not None and after is not None:
-        log.debug("%s: %.0f MB of freed memory handed back (resident now %.0f MB)", why,
+        log.debug("%s: %.0f MB of freed memory handed back (anonymous memory now %.0f MB)", why,
                   before - after, after)
     return released
 
@@ -152,27 +158,38 @@ def release_free_memory(why: str) -> bool:
 class RestingLevel:
     """Where the process rests between requests, and the hand-back when it holds more.
 
-    ``idle()`` is called when no synthesis runs; it reads the resident size (a read of
-    ``/proc/self/statm``, microseconds) and calls ``malloc_trim`` only if that is more than
-    ``slack_mb`` above the level measured after the last hand-back (the first call always
-    hands back: that is where the level starts)."""
+    ``idle()`` is called when no synthesis runs; it reads the resident anonymous memory
+    (``anonymous_mb``) and calls ``malloc_trim`` only if that is more than
+    ``slack_mb`` above the level: the lowest reading at rest since the last hand-back (the
+    first call always hands back: that is where the level starts)."""
 
     def __init__(self, slack_mb: float = REST_SLACK_MB) -> None:
         self.slack_mb = slack_mb
-        self.level: float | None = None  # MB resident after the last hand-back
+        self.level: float | None = None  # MB of anonymous memory, lowest at rest
         self.releases = 0
 
+    def observe(self) -> float | None:
+        """A reading while nothing is in hand; it lowers the level if below it. What was
+        still held at the last hand-back (a first request's one-off work, a probe's buffer,
+        audio on its way out) is freed later, and a level left above where the process
+        really rests would hide a long request's growth under it: read as a synthesis
+        starts from idle, and before each hand-back's decision."""
+        now = anonymous_mb()
+        if now is not None and self.level is not None and now < self.level:
+            self.level = now
+        return now
+
     def due(self) -> bool:
-        now = resident_mb()
+        now = self.observe()
         return now is not None and (self.level is None or now > self.level + self.slack_mb)
 
     def idle(self) -> bool:
         """Hand freed memory back if it is due; True if it was."""
         if not self.due():
             return False
-        before = resident_mb()
+        before = anonymous_mb()
         release_free_memory("idle after a large request")
-        self.level = resident_mb()
+        self.level = anonymous_mb()
         self.releases += 1
         if before is not None and self.level is not None:
             log.debug("resting level now %.0f MB (%.0f MB handed back)", self.level,

@@ -186,6 +186,8 @@ class Engine:
         rate = self.composer.sample_rate(voice)
         helpers = None if self._helpers is None else Lent(self._helpers,
                                                           lambda: self._active <= 1)
+        if self._active == 0:
+            self.resting.observe()  # where the process rests, before this work adds to it
         # Counted before the render can start, so that its lent helpers see the others.
         self._active += 1
         self._renders += 1
