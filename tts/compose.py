@@ -25,6 +25,7 @@ import html
 import logging
 import re
 import unicodedata
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -193,17 +194,15 @@ class Composer:
             speed = self.catalog.resolve(primary).config.length_scale / options.length_scale
         generator = torch.Generator().manual_seed(options.seed) if options.seed is not None \
             else None
-        for step in steps:
+        queue = _Steps(steps)
+        while (step := queue.next()) is not None:
             if isinstance(step, Silence):
-                n = int(round(step.seconds * rate))
-                if n > 0:
-                    yield ComposedChunk(np.zeros(n, np.float32), step.sentence,
-                                        step.last_in_sentence)
+                yield from _silence(step, rate)
             elif step.voice.startswith(LABEL_PREFIX):
                 yield from self._render_fallback(step, options, speed, rate)
             else:
-                yield from self._render_neural(step, options, speed, rate, generator,
-                                               step.voice == primary, demand, helpers, whole)
+                yield from self._render_neural(step, queue, options, speed, rate, generator,
+                                               primary, demand, helpers, whole)
 
     def stream(self, text: str, fmt: TextFormat = "text",
                options: SynthesisOptions = SynthesisOptions(), voice: str | None = None,
@@ -223,30 +222,70 @@ class Composer:
                                               whole),
                            self.sample_rate(planner.voice), planner.voice, planner.warnings)
 
-    # --- rendering one step ---------------------------------------------------------------
+    # --- rendering the steps ---------------------------------------------------------------
 
-    def _render_neural(self, step: Say, options: SynthesisOptions, speed: float, rate: int,
-                       generator: torch.Generator | None, is_primary: bool,
-                       demand: Demand | None = None, helpers: Helpers | None = None,
-                       whole: bool = False) -> Iterator[ComposedChunk]:
-        synth = self.catalog.synthesizer(step.voice)
+    def _render_neural(self, first: Say, queue: _Steps, options: SynthesisOptions,
+                       speed: float, rate: int, generator: torch.Generator | None,
+                       primary: str, demand: Demand | None = None,
+                       helpers: Helpers | None = None, whole: bool = False
+                       ) -> Iterator[ComposedChunk]:
+        """``first`` and the steps after it in the same voice, rate and gain, with only
+        pauses between them (taken from ``queue`` as their sentences are needed): their
+        sentences in one synthesis, so that while one plays the helpers decode the next
+        (``tts.lanes``), and the pauses in their places. Rendered a sentence at a time,
+        a text's sentences would never be decoded at once on several lanes."""
+        synth = self.catalog.synthesizer(first.voice)
         config = synth.voice.config
-        opts = replace(options, length_scale=config.length_scale / (speed * step.rate),
-                       speaker=options.speaker if is_primary else None, seed=None,
+        opts = replace(options, length_scale=config.length_scale / (speed * first.rate),
+                       speaker=options.speaker if first.voice == primary else None, seed=None,
                        sentence_silence=0.0)
-        resampler = Resampler(config.sample_rate, rate) if config.sample_rate != rate else None
-        sentences = synth.sentences(step.text)
-        for samples, k, last in synth.stream_sentences(sentences, opts, generator, demand,
+        says: list[Say] = []
+        owner: list[int] = []  # the say each sentence is of
+        ends: dict[int, int] = {}  # each say's last sentence
+        pauses: list[list[Silence]] = []  # after each say
+
+        def sentences() -> Iterator[list[int]]:
+            say: Say | None = first
+            while say is not None:
+                found = synth.sentences(say.text)
+                says.append(say)
+                pauses.append([])
+                if found:
+                    ends[len(says) - 1] = len(owner) + len(found) - 1
+                owner.extend([len(says) - 1] * len(found))
+                yield from found
+                say = queue.next_like(say, pauses[-1])
+
+        done = -1  # the last say whose pauses are out
+
+        def pauses_through(i: int) -> Iterator[ComposedChunk]:
+            nonlocal done
+            while done < i:
+                done += 1
+                for pause in pauses[done]:
+                    yield from _silence(pause, rate)
+
+        resampler: Resampler | None = None
+        current = -1
+        for samples, k, last in synth.stream_sentences(sentences(), opts, generator, demand,
                                                        helpers, whole):
-            if step.gain != 1.0:
-                samples = samples * np.float32(step.gain)
-            final = last and k == len(sentences) - 1
+            i = owner[k]
+            if i != current:
+                yield from pauses_through(i - 1)
+                current = i
+                resampler = (Resampler(config.sample_rate, rate)
+                             if config.sample_rate != rate else None)
+            say = says[i]
+            if say.gain != 1.0:
+                samples = samples * np.float32(say.gain)
+            final = last and k == ends[i]
             if resampler is not None:
                 samples = resampler.process(samples)
                 if final:
                     samples = np.concatenate([samples, resampler.flush()])
-            yield ComposedChunk(samples, step.sentence, final and step.last_in_sentence,
-                                step.voice, step.text)
+            yield ComposedChunk(samples, say.sentence, final and say.last_in_sentence,
+                                say.voice, say.text)
+        yield from pauses_through(len(says) - 1)
 
     def _render_fallback(self, step: Say, options: SynthesisOptions, speed: float, rate: int
                          ) -> Iterator[ComposedChunk]:
@@ -477,3 +516,39 @@ def _merge(segments: Iterable[Segment]) -> list[Segment]:
 
 def _ends_cjk(text: str) -> bool:
     return bool(text) and unicodedata.category(text[-1]) == "Lo" and ord(text[-1]) > 0x2E80
+
+
+def _silence(step: Silence, rate: int) -> Iterator[ComposedChunk]:
+    n = int(round(step.seconds * rate))
+    if n > 0:
+        yield ComposedChunk(np.zeros(n, np.float32), step.sentence, step.last_in_sentence)
+
+
+class _Steps:
+    """The steps to render, taken one at a time (lazily: a text's later sentences are
+    planned and phonemized as they are needed), with a look past pauses for the next step
+    in the same voice."""
+
+    def __init__(self, steps: Iterable[Step]) -> None:
+        self._steps = iter(steps)
+        self._back: deque[Step] = deque()
+
+    def next(self) -> Step | None:
+        if self._back:
+            return self._back.popleft()
+        return next(self._steps, None)
+
+    def next_like(self, say: Say, pauses: list[Silence]) -> Say | None:
+        """The next step if it is a say in ``say``'s voice, rate and gain with only pauses
+        before it (those go into ``pauses``); else None, and the steps looked at stay next."""
+        seen: list[Step] = []
+        while (step := self.next()) is not None:
+            seen.append(step)
+            if not isinstance(step, Silence):
+                break
+        if (isinstance(step, Say) and not step.voice.startswith(LABEL_PREFIX)
+                and (step.voice, step.rate, step.gain) == (say.voice, say.rate, say.gain)):
+            pauses.extend(s for s in seen[:-1] if isinstance(s, Silence))
+            return step
+        self._back.extendleft(reversed(seen))
+        return None
