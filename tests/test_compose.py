@@ -13,7 +13,7 @@ from audio_checks import assert_pcm_close, assert_speech, rms
 from synthetic_voice import VARIANTS, export_like_piper, random_model
 
 from tts import SynthesisOptions, UnknownVoice, VoiceCatalog
-from tts.compose import ComposedChunk, Composer, Say, Silence, Step
+from tts.compose import ComposedChunk, Composer, Say, Silence, Step, StepFeed
 from tts.fallback import EspeakFallback
 from tts.pieces import PieceJob
 from tts.resample import Resampler
@@ -522,3 +522,37 @@ def test_pauses_come_from_the_options(composer: Composer, sentence_silence: floa
     runs = _zero_runs(x, int(0.05 * rate))
     want = [p for p in (sentence_silence, paragraph_silence) if p >= 0.05]
     assert [round((b - a) / rate, 2) for a, b in runs] == [round(p, 2) for p in want]
+
+
+def _by_sentence(steps: list[Step]) -> list[list[Step]]:
+    """A text's steps in batches as a streamed text brings them: one sentence each."""
+    batches: dict[int, list[Step]] = {}
+    for step in steps:
+        batches.setdefault(step.sentence, []).append(step)
+    return list(batches.values())
+
+
+def test_a_feeds_batches_render_together_as_each_alone(composer: Composer) -> None:
+    """A streamed text's sentences that came while one rendered are one synthesis
+    (``StepFeed``); each starts the seeded noise afresh, so the audio is what each sentence
+    gives in a render of its own, however the batches came together. A render ends when the
+    feed is empty; what is put later is the next render's."""
+    planner = composer.planner(sentence_pause=0.2)
+    steps = planner.feed("Good morning. The door is locked. It will rain after six.")
+    batches = _by_sentence(steps + planner.finish())
+    assert len(batches) == 3
+    alone = [c for batch in batches for c in composer.render(batch, OPTS)]
+    feed = StepFeed()
+    feed.put(batches[0])
+    first = list(composer.render(feed, OPTS))
+    assert {c.sentence for c in first} == {batches[0][0].sentence} and not feed
+    for batch in batches[1:]:
+        feed.put(batch)
+    rest = list(composer.render(feed, OPTS))
+    together = first + rest
+    assert [c.sentence for c in together] == sorted(c.sentence for c in together)
+    assert len(_audio(together)) == len(_audio(alone))
+    assert np.abs(_audio(together) - _audio(alone)).max() < 1e-4
+    # the noise matters: one seed drawn on through the sentences gives other audio
+    drawn_on = _audio(list(composer.render([s for b in batches[1:] for s in b], OPTS)))
+    assert len(drawn_on) != len(_audio(rest)) or np.abs(drawn_on - _audio(rest)).max() > 1e-2

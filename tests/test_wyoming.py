@@ -689,8 +689,9 @@ def test_also_play_speaks_the_same_text_on_the_local_speaker(alsa_file, synth, t
     assert done.returncode == 0, log_file.read_text()[-3000:]
     *_, renders, last = done.stdout.strip().splitlines()
     records = json.loads(last)
-    # One synthesis feeds both: the whole text once, the streamed one once per sentence.
-    assert int(renders) == 1 + 2
+    # One synthesis feeds both: the whole text once, the streamed one once per sentence at
+    # most (a sentence that arrives while the one before renders joins it), not once a sink.
+    assert 1 + 1 <= int(renders) <= 1 + 2
     wyoming = [r for r in records if r[2] == "wyoming"]
     spoken = [r for r in records if r[2] == "speaker"]
     assert [r[3] for r in wyoming] == ["ok", "ok"] and [r[3] for r in spoken] == ["ok", "ok"]

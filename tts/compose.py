@@ -177,7 +177,8 @@ class Composer:
                 markup_errors: MarkupErrors = "raise") -> Planner:
         return Planner(self, fmt, voice, sentence_pause, paragraph_pause, markup_errors)
 
-    def render(self, steps: Iterable[Step], options: SynthesisOptions = SynthesisOptions(),
+    def render(self, steps: Iterable[Step] | StepFeed,
+               options: SynthesisOptions = SynthesisOptions(),
                voice: str | None = None, demand: Demand | None = None,
                helpers: Helpers | None = None, whole: bool = False
                ) -> Iterator[ComposedChunk]:
@@ -186,14 +187,14 @@ class Composer:
         voice's own default), its speaker applies to the request voice only. ``demand``
         sizes the neural voices' windows beside other syntheses (``tts.stream.Demand``);
         ``helpers`` decode later pieces of their sentences meanwhile (``tts.pieces``);
-        ``whole``: nobody listens before the end (``Synthesizer.stream_sentences``)."""
+        ``whole``: nobody listens before the end (``Synthesizer.stream_sentences``). A
+        ``StepFeed``'s steps are rendered until it is empty."""
         primary = self.voice_label(voice)
         rate = self.sample_rate(primary)
         speed = 1.0
         if options.length_scale and not primary.startswith(LABEL_PREFIX):
             speed = self.catalog.resolve(primary).config.length_scale / options.length_scale
-        generator = torch.Generator().manual_seed(options.seed) if options.seed is not None \
-            else None
+        noise = _Noise(options.seed)
         queue = _Steps(steps)
         while (step := queue.next()) is not None:
             if isinstance(step, Silence):
@@ -201,7 +202,7 @@ class Composer:
             elif step.voice.startswith(LABEL_PREFIX):
                 yield from self._render_fallback(step, options, speed, rate)
             else:
-                yield from self._render_neural(step, queue, options, speed, rate, generator,
+                yield from self._render_neural(step, queue, options, speed, rate, noise,
                                                primary, demand, helpers, whole)
 
     def stream(self, text: str, fmt: TextFormat = "text",
@@ -225,7 +226,7 @@ class Composer:
     # --- rendering the steps ---------------------------------------------------------------
 
     def _render_neural(self, first: Say, queue: _Steps, options: SynthesisOptions,
-                       speed: float, rate: int, generator: torch.Generator | None,
+                       speed: float, rate: int, noise: _Noise,
                        primary: str, demand: Demand | None = None,
                        helpers: Helpers | None = None, whole: bool = False
                        ) -> Iterator[ComposedChunk]:
@@ -244,10 +245,14 @@ class Composer:
         ends: dict[int, int] = {}  # each say's last sentence
         pauses: list[list[Silence]] = []  # after each say
 
+        first_batch = queue.batch
+
         def sentences() -> Iterator[list[int]]:
             say: Say | None = first
+            batch = first_batch
             while say is not None:
                 found = synth.sentences(say.text)
+                noise.at(batch)
                 says.append(say)
                 pauses.append([])
                 if found:
@@ -255,6 +260,7 @@ class Composer:
                 owner.extend([len(says) - 1] * len(found))
                 yield from found
                 say = queue.next_like(say, pauses[-1])
+                batch = queue.batch
 
         done = -1  # the last say whose pauses are out
 
@@ -267,8 +273,8 @@ class Composer:
 
         resampler: Resampler | None = None
         current = -1
-        for samples, k, last in synth.stream_sentences(sentences(), opts, generator, demand,
-                                                       helpers, whole):
+        for samples, k, last in synth.stream_sentences(sentences(), opts, noise.generator,
+                                                       demand, helpers, whole):
             i = owner[k]
             if i != current:
                 yield from pauses_through(i - 1)
@@ -524,31 +530,86 @@ def _silence(step: Silence, rate: int) -> Iterator[ComposedChunk]:
         yield ComposedChunk(np.zeros(n, np.float32), step.sentence, step.last_in_sentence)
 
 
+class StepFeed:
+    """Steps that arrive while they are rendered: a streamed text's sentences, put in
+    batches (one sentence's steps) from the thread that receives them, taken by a render on
+    another. Taking never waits: a render ends when the feed is empty, and its owner starts
+    the next one when more has come. Each batch starts the seeded noise afresh, so a seeded
+    text's audio does not depend on which batches were rendered together."""
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[int, Step]] = deque()  # (batch, step); deques are thread-safe
+        self._batches = 0
+
+    def put(self, batch: Iterable[Step]) -> None:
+        self._batches += 1
+        self._items.extend((self._batches, step) for step in batch)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def take(self) -> tuple[int, Step] | None:
+        try:
+            return self._items.popleft()
+        except IndexError:
+            return None
+
+
+class _Noise:
+    """One render's seeded noise, started afresh at each batch of a ``StepFeed``."""
+
+    def __init__(self, seed: int | None) -> None:
+        self.seed = seed
+        self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.batch = 0  # the batch the generator was last seeded for
+
+    def at(self, batch: int) -> None:
+        """The next noise drawn is for a sentence of ``batch``."""
+        if self.generator is not None and self.seed is not None and batch != self.batch:
+            self.generator.manual_seed(self.seed)
+            self.batch = batch
+
+
 class _Steps:
     """The steps to render, taken one at a time (lazily: a text's later sentences are
     planned and phonemized as they are needed), with a look past pauses for the next step
-    in the same voice."""
+    in the same voice. ``batch`` is the ``StepFeed`` batch of the step taken last (0 for a
+    whole text)."""
 
-    def __init__(self, steps: Iterable[Step]) -> None:
-        self._steps = iter(steps)
-        self._back: deque[Step] = deque()
+    def __init__(self, steps: Iterable[Step] | StepFeed) -> None:
+        self._feed = steps if isinstance(steps, StepFeed) else None
+        self._steps = iter(()) if isinstance(steps, StepFeed) else iter(steps)
+        self._back: deque[tuple[int, Step]] = deque()
+        self.batch = 0
 
-    def next(self) -> Step | None:
+    def _take(self) -> tuple[int, Step] | None:
         if self._back:
             return self._back.popleft()
-        return next(self._steps, None)
+        if self._feed is not None:
+            return self._feed.take()
+        step = next(self._steps, None)
+        return None if step is None else (0, step)
+
+    def next(self) -> Step | None:
+        taken = self._take()
+        if taken is None:
+            return None
+        self.batch, step = taken
+        return step
 
     def next_like(self, say: Say, pauses: list[Silence]) -> Say | None:
         """The next step if it is a say in ``say``'s voice, rate and gain with only pauses
         before it (those go into ``pauses``); else None, and the steps looked at stay next."""
-        seen: list[Step] = []
-        while (step := self.next()) is not None:
-            seen.append(step)
-            if not isinstance(step, Silence):
+        seen: list[tuple[int, Step]] = []
+        while (taken := self._take()) is not None:
+            seen.append(taken)
+            if not isinstance(taken[1], Silence):
                 break
+        step = seen[-1][1] if seen else None
         if (isinstance(step, Say) and not step.voice.startswith(LABEL_PREFIX)
                 and (step.voice, step.rate, step.gain) == (say.voice, say.rate, say.gain)):
-            pauses.extend(s for s in seen[:-1] if isinstance(s, Silence))
+            pauses.extend(s for _, s in seen[:-1] if isinstance(s, Silence))
+            self.batch = seen[-1][0]
             return step
         self._back.extendleft(reversed(seen))
         return None

@@ -119,7 +119,7 @@ async def from_text(engine: Synthesis, utt: Utterance, base: SynthesisOptions,
     else:
         planner = engine.planner(req.voice, opts, req.text_format)
         chunks = engine.stream_steps(_arriving(utt, req.stream.steps(planner), progress),
-                                     req.voice, opts)
+                                     req.voice, opts, lambda w: setattr(utt, "waiting_text", w))
     async with contextlib.aclosing(chunks):
         async for chunk in chunks:
             yield to_pcm16(chunk.samples)
@@ -127,18 +127,16 @@ async def from_text(engine: Synthesis, utt: Utterance, base: SynthesisOptions,
 
 async def _arriving(utt: Utterance, batches: AsyncGenerator[list[Step], None],
                     progress: Callable[[], None]) -> AsyncGenerator[list[Step], None]:
-    """A streamed text's sentences, with the wait for each marked as waiting for text
-    (time the watchdog must not count as synthesis stuck)."""
+    """A streamed text's sentences, each one's arrival progress (the engine says when it
+    waits for them with nothing in hand: ``Synthesis.stream_steps``)."""
     first = True
     async with contextlib.aclosing(batches):
         while True:
-            utt.waiting_text = True
             try:
                 steps = await anext(batches)
             except StopAsyncIteration:
                 return
             finally:
-                utt.waiting_text = False
                 progress()
             if first:  # the time the writer took to finish a sentence is not herald's
                 first = False

@@ -9,7 +9,7 @@ torch."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from tts.errors import UnknownVoice
@@ -95,7 +95,8 @@ class Synthesis(VoiceList, Protocol):
                whole: bool = False) -> AsyncGenerator[AudioChunk, None]: ...
 
     def stream_steps(self, batches: AsyncGenerator[list[Step], None], voice: str | None,
-                     options: SynthesisOptions) -> AsyncGenerator[AudioChunk, None]: ...
+                     options: SynthesisOptions, waiting: Callable[[bool], None] | None = None
+                     ) -> AsyncGenerator[AudioChunk, None]: ...
 
     def rest(self) -> None:
         """Called when the last job in hand has ended: a moment to give memory back."""

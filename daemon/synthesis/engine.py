@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
 
 from tts import (
@@ -27,7 +27,7 @@ from tts import (
     default_threads,
     prepare_process,
 )
-from tts.compose import Composer, Planner, Step
+from tts.compose import Composer, Planner, Step, StepFeed
 from tts.memory import KeepWarm, RestingLevel
 from tts.text import TextFormat
 from tts.threads import cores, prepare_thread
@@ -167,20 +167,50 @@ class Engine:
                 yield chunk
 
     async def stream_steps(self, batches: AsyncGenerator[list[Step], None], voice: str | None,
-                           options: SynthesisOptions) -> AsyncGenerator[AudioChunk, None]:
-        """Planned text as it arrives (a streamed text): each batch of steps is rendered as
-        soon as it comes, each as one rendering, so a seed starts afresh on every batch.
+                           options: SynthesisOptions,
+                           waiting: Callable[[bool], None] | None = None
+                           ) -> AsyncGenerator[AudioChunk, None]:
+        """Planned text as it arrives (a streamed text), rendered as soon as it comes.
+
+        Batches that arrive while one renders join it (``tts.compose.StepFeed``): a text
+        whose sentences come faster than they are spoken is then one synthesis, whose lanes
+        decode the next sentence while one plays, as for the same text sent whole. A render
+        ends when it finds nothing more in hand, and the next starts when more comes.
+        ``waiting`` is told when nothing is in hand while more text may come (time the
+        watchdog must not count as synthesis stuck). A seed starts afresh on every batch, so
+        the audio does not depend on how the text was cut or how fast it came.
 
         Raises whatever ``batches`` raises (after the audio of the batches before it), and
         closes it when closed."""
-        async with contextlib.aclosing(batches):
-            async for steps in batches:
-                async with contextlib.aclosing(self._render(steps, voice, options)) as chunks:
+        feed = StepFeed()
+        arrived = asyncio.Event()
+        pump = asyncio.create_task(_pump(batches, feed, arrived))
+        try:
+            while True:
+                if not feed:
+                    if pump.done():
+                        break
+                    if waiting is not None:
+                        waiting(True)
+                    try:
+                        await arrived.wait()
+                    finally:
+                        if waiting is not None:
+                            waiting(False)
+                    arrived.clear()
+                    continue
+                async with contextlib.aclosing(self._render(feed, voice, options)) as chunks:
                     async for chunk in chunks:
                         yield chunk
+            await pump  # its error, after the audio of what came before it
+        finally:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pump
 
-    async def _render(self, steps: list[Step], voice: str | None, options: SynthesisOptions,
-                      whole: bool = False) -> AsyncGenerator[AudioChunk, None]:
+    async def _render(self, steps: Iterable[Step] | StepFeed, voice: str | None,
+                      options: SynthesisOptions, whole: bool = False
+                      ) -> AsyncGenerator[AudioChunk, None]:
         """The steps' chunks, computed on the workers (``daemon.synthesis.workers``); closing this
         generator stops the computation after the chunk being made."""
         rate = self.composer.sample_rate(voice)
@@ -269,3 +299,16 @@ def cpu_plan(threads: int | None, workers: int | None) -> tuple[int, int]:
     """
     lanes = max(1, threads or default_threads())
     return lanes, max(1, workers or lanes)
+
+
+async def _pump(batches: AsyncGenerator[list[Step], None], feed: StepFeed,
+                arrived: asyncio.Event) -> None:
+    """Put a streamed text's batches in ``feed`` as they come, waking the renderer; set at
+    the end too, so that the renderer sees it."""
+    try:
+        async with contextlib.aclosing(batches):
+            async for steps in batches:
+                feed.put(steps)
+                arrived.set()
+    finally:
+        arrived.set()
