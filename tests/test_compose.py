@@ -10,16 +10,15 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from audio_checks import assert_pcm_close, assert_speech, rms
+from inline_helpers import Inline
 from synthetic_voice import VARIANTS, export_like_piper, random_model
 
 from tts import SynthesisOptions, UnknownVoice, VoiceCatalog
 from tts.compose import ComposedChunk, Composer, Say, Silence, Step, StepFeed
 from tts.fallback import EspeakFallback
-from tts.pieces import PieceJob
 from tts.resample import Resampler
 from tts.text.languages import Run, language_runs
 from tts.text.markup import EMPHASIS, MarkupError
-from tts.vits import Vits
 
 JOE = "en_US-joe-medium"
 ZH = "zh_CN-test-x_low"  # a random-weight 16 kHz "Chinese" voice made below
@@ -424,38 +423,6 @@ def test_first_audio_before_the_rest_is_rendered(composer: Composer) -> None:
     assert len([c for c in rest if c.sentence == 0]) >= 1
 
 
-class Offered:
-    """Helpers (``tts.pieces.Helpers``) that decode what they are handed at once, here, and
-    count it."""
-
-    lanes = 2
-
-    def __init__(self) -> None:
-        self.jobs: list[PieceJob] = []
-
-    def decode(self, model: Vits, job: PieceJob) -> Done:
-        self.jobs.append(job)
-        return Done(list(job.decode(model, 32)))
-
-
-class Done:
-    def __init__(self, audio: list[tuple[np.ndarray, bool]]) -> None:
-        self.audio = audio
-
-    def claim(self) -> bool:
-        return False
-
-    def queued(self) -> bool:
-        return False
-
-    def take(self, wait: bool) -> list[tuple[np.ndarray, bool]]:
-        got, self.audio = self.audio, []
-        return got
-
-    def cancel(self) -> None:
-        pass
-
-
 def test_a_voices_sentences_are_one_synthesis_so_helpers_get_the_next(
         composer: Composer) -> None:
     """Three sentences: rendered as one synthesis, a sentence after the first goes to the
@@ -465,11 +432,11 @@ def test_a_voices_sentences_are_one_synthesis_so_helpers_get_the_next(
     steps = planner.feed("Good morning. The door is locked. It will rain after six.")
     steps += planner.finish()
     assert sum(isinstance(s, Silence) for s in steps) >= 2  # pauses between the sentences
-    helpers = Offered()
+    helpers = Inline(2)
     shared = list(composer.render(steps, OPTS, helpers=helpers))
     alone = list(composer.render(steps, OPTS))
     # a later sentence handed out whole (a piece of the one playing starts past its context)
-    assert any(job.start == 0 and job.end is None for job in helpers.jobs), helpers.jobs
+    assert any(job.start == 0 and job.end is None for job in helpers.handed), helpers.handed
     assert [c.sentence for c in shared] == sorted(c.sentence for c in shared)
     for k in sorted({c.sentence for c in alone}):
         ours = np.concatenate([c.samples for c in shared if c.sentence == k])

@@ -33,7 +33,8 @@ async def _audio(chunks: AsyncGenerator[AudioChunk, None]) -> np.ndarray:
 async def test_sentences_in_hand_are_one_synthesis_with_each_ones_audio(engine: Engine) -> None:
     batches = _batches(engine)
     assert len(batches) == 3
-    alone = [await _audio(engine._render(b, None, OPTS)) for b in batches]
+    alone = [np.concatenate([c.samples for c in engine.composer.render(b, OPTS)])
+             for b in batches]
     renders = engine.renders
     waits: list[bool] = []
 

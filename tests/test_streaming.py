@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from audio_checks import assert_speech
+from inline_helpers import Done, Inline
 from sentences import LONG_SENTENCE
 from synthetic_voice import VARIANTS, random_model
 
@@ -22,38 +23,6 @@ from tts.pieces import HelperFailed, Helping, Latents, PieceJob
 from tts.stream import MIN_PIECE, decode_windows
 from tts.vits import Vits, nhwc
 from tts.vits.model import PriorParts
-
-
-class Done:
-    """A piece a helper has decoded already."""
-
-    def __init__(self, audio: list[tuple[np.ndarray, bool]]) -> None:
-        self.audio = audio
-
-    def claim(self) -> bool:
-        return False
-
-    def queued(self) -> bool:
-        return False
-
-    def take(self, wait: bool) -> list[tuple[np.ndarray, bool]]:
-        got, self.audio = self.audio, []
-        return got
-
-    def cancel(self) -> None:
-        pass
-
-
-class Inline:
-    """Helpers that decode every piece the moment it is handed to them."""
-
-    def __init__(self, lanes: int) -> None:
-        self.lanes = lanes
-        self.offered = 0
-
-    def decode(self, model: Vits, job: PieceJob) -> Helping:
-        self.offered += 1
-        return Done(list(job.decode(model, 32)))
 
 
 class NotBegun(Done):
@@ -68,7 +37,7 @@ class Never(Inline):
     """Helpers that never begin what they are handed: the playing lane does it all."""
 
     def decode(self, model: Vits, job: PieceJob) -> Helping:
-        self.offered += 1
+        self.handed.append(job)
         return NotBegun([])
 
 
@@ -121,7 +90,7 @@ class Threaded(Inline):
         self.thread.start()
 
     def decode(self, model: Vits, job: PieceJob) -> Helping:
-        self.offered += 1
+        self.handed.append(job)
         queued = Queued(model, job)
         self.jobs.put(queued)
         return queued
@@ -294,7 +263,7 @@ class Stalled(Inline):
     them back."""
 
     def decode(self, model: Vits, job: PieceJob) -> Helping:
-        self.offered += 1
+        self.handed.append(job)
         return StalledPiece(model, job, begun=self.offered == 1)
 
 
@@ -625,7 +594,7 @@ class FailsAfterOne(Done):
 
 class DiesMidway(Inline):
     def decode(self, model: Vits, job: PieceJob) -> Helping:
-        self.offered += 1
+        self.handed.append(job)
         return FailsAfterOne(list(job.decode(model, 32)))
 
 

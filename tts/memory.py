@@ -187,13 +187,9 @@ class RestingLevel:
         """Hand freed memory back if it is due; True if it was."""
         if not self.due():
             return False
-        before = anonymous_mb()
         release_free_memory("idle after a large request")
         self.level = anonymous_mb()
         self.releases += 1
-        if before is not None and self.level is not None:
-            log.debug("resting level now %.0f MB (%.0f MB handed back)", self.level,
-                      before - self.level)
         return True
 
 
