@@ -21,9 +21,9 @@ from .memory import MMAP_THRESHOLD
 from .vits import LRELU_SLOPE, Conv, Generator, ResBlock1, ResBlock2, Upsample, nhwc, tanh_
 from .vits.layers import _as_int
 
-# Values per piece in the upsampled stages: float32 pieces of half of glibc's mmap threshold
-# (512 KiB), cache-sized, and with their temporaries taken from the heap, not each a fresh
-# mapping whose pages fault in (``tts.memory``).
+# Values per piece in the upsampled stages: 512 KiB of float32, half of ``MMAP_THRESHOLD``,
+# so a piece is cache-sized and its temporaries come from the heap rather than each being a
+# fresh mapping whose pages fault in (``tts.memory``).
 PIECE = MMAP_THRESHOLD // 2 // 4
 # What a convolution's length is rounded up to (``StreamConv``'s ``quantum``): at the latent
 # frames' rate, frames; in the upsampled stages, a quarter of a piece. So each convolution
