@@ -359,7 +359,7 @@ def test_the_flow_runs_ahead_in_large_pushes_once_the_sentence_is_whole(
         return push(self, x, final)
 
     monkeypatch.setattr(flow_stream.StreamingFlow, "push", counted)
-    parts = PriorParts(iter([(z_p[..., :100], False), (z_p[..., 100:], True)]))
+    parts = PriorParts(lambda run: iter([(z_p[..., :100], False), (z_p[..., 100:], True)]))
     chunks = [c for c, _, _ in decode_sentences(
         model, [(parts, None)], largest=32, pace=Pace(256 / 22050, clock=lambda: 0.0))]
     assert np.abs(np.concatenate(chunks) - whole).max() < 1e-4

@@ -9,6 +9,9 @@ work is shared out:
 * the sentences after it go to them too, whole, while they have room: their priors (the
   text encoder, the durations and the sampling, which draw the sampling noise in order) are
   computed here, their audio there;
+* a sentence the playing lane begins with nothing at the helpers (a text's first) has its
+  text encoder shared with a second thread of this process (``tts.sharing``): the core
+  its helper will decode on is free until the sentence's first window is out;
 * when the playing lane gets to a span a helper has not begun, it takes it back and decodes
   it itself; of one a helper has begun it takes the audio as it comes, and while none has
   come it decodes a later span no helper has begun, or hands out the next sentence.
@@ -30,7 +33,9 @@ from torch import Tensor
 
 from .pace import Pace, next_end
 from .pieces import HelperFailed, Helpers, Helping, Latents, Piece, PieceJob
+from .sharing import sharing_thread
 from .vits import Vits
+from .vits.model import PriorParts
 
 # Frames: a sentence is cut for helpers only into pieces at least this long (the context a
 # piece reads around it, 43 frames through the flow and 11 through the generator for a
@@ -112,7 +117,8 @@ class _Lanes:
     def _start_playing(self) -> bool:
         """The next sentence, to be played from its first frame (no helper has it); False if
         there is none."""
-        taken = self._take_prior()
+        lend = self.helpers is not None and self.helpers.lanes >= 2 and not self.spans
+        taken = self._take_prior(lend)
         if taken is None:
             return False
         k, latents, g = taken
@@ -271,7 +277,10 @@ class _Lanes:
         job = PieceJob.cut(self.model, latents, start, end, g, self.gain)
         return _Span(sentence, latents, g, start, end, self.helpers.decode(self.model, job))
 
-    def _take_prior(self) -> tuple[int, Latents, Tensor | None] | None:
+    def _take_prior(self, lend: bool = False) -> tuple[int, Latents, Tensor | None] | None:
+        """The next sentence's prior. ``lend``: this synthesis has helpers and nothing with
+        them, so the core one would use is free: the sentence's text encoder shares its
+        phases with this process's second thread (``tts.sharing``)."""
         if not self.more:
             return None
         prior = next(self.priors, None)
@@ -279,6 +288,8 @@ class _Lanes:
             self.more = False
             return None
         parts, g = prior
+        if lend and isinstance(parts, PriorParts):
+            parts.run = sharing_thread().run
         self.sentences += 1
         with torch.inference_mode():
             return self.sentences - 1, Latents(parts), g

@@ -7,6 +7,8 @@ this one's event loop) stalls every barrier, and a two-thread synthesis became s
 one-thread one beside a single busy process (bench/README.md). A synthesis uses more cores by
 cutting its sentences into pieces that decode at the same time in helper processes
 (``tts.pieces``, ``daemon.synthesis.helpers``), which never wait for one another mid-window.
+The one place two threads of a process compute together is a long sentence's text encoder,
+in a few large blocks before its first audio, on a core that is free then (``tts.sharing``).
 
 Subnormal floats are flushed to zero on these threads: a quiet passage leaves the generator's
 activations that small, and on x86 each operation on one costs tens of cycles more (a long

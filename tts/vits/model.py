@@ -4,11 +4,12 @@ embedding ``emb_g``, sampling the prior, and one-shot decoding."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
 
+from ..sharing import Phases, in_order
 from .config import VitsConfig
 from .dec import Generator
 from .dp import DurationPredictor, StochasticDurationPredictor
@@ -29,11 +30,17 @@ class PriorParts(Iterator[Tensor]):
     sentence's whole length, without asking for a part that is not there (asked after the
     head, that would compute all the rest at once). Knowing it, the flow may run ahead of
     the generator in large pushes (``tts.pieces.Piece``).
+
+    ``run`` runs the text encoder's phases, which the first part computes: on this thread
+    alone unless whoever takes that part has a second core to lend (``tts.lanes``).
     """
 
-    def __init__(self, parts: Iterator[tuple[Tensor, bool]]) -> None:
-        self._parts = parts
+    def __init__(self, parts: Callable[[Callable[[Phases], None]],
+                                       Iterator[tuple[Tensor, bool]]]) -> None:
+        self._make: Callable[..., Iterator[tuple[Tensor, bool]]] | None = parts
+        self._parts: Iterator[tuple[Tensor, bool]] = iter(())
         self.done = False  # the last part has been taken
+        self.run: Callable[[Phases], None] = in_order
 
     def __iter__(self) -> PriorParts:
         return self
@@ -41,6 +48,8 @@ class PriorParts(Iterator[Tensor]):
     def __next__(self) -> Tensor:
         if self.done:
             raise StopIteration
+        if self._make is not None:  # made now, with the ``run`` set by then
+            self._parts, self._make = self._make(self.run), None
         part, self.done = next(self._parts)
         return part
 
@@ -89,14 +98,15 @@ class Vits(nn.Module):
         the rest follows. Each part draws its own noise: the parts joined are what
         ``prior`` returns, whether or not anything ran in between.
         """
-        return PriorParts(self._prior_parts(ids, g, noise_scale, length_scale, noise_w,
-                                            generator, head))
+        return PriorParts(lambda run: self._prior_parts(
+            ids, g, noise_scale, length_scale, noise_w, generator, head, run))
 
     def _prior_parts(self, ids: Tensor, g: Tensor | None, noise_scale: float,
                      length_scale: float, noise_w: float, generator: torch.Generator | None,
-                     head: int) -> Iterator[tuple[Tensor, bool]]:
+                     head: int, run: Callable[[Phases], None]
+                     ) -> Iterator[tuple[Tensor, bool]]:
         """The parts of ``prior_parts``, each with whether it is the last."""
-        x, m_p, logs_p = self.enc_p(ids[0])
+        x, m_p, logs_p = self.enc_p(ids[0], run)
         n = x.shape[0]
         noise = (torch.randn(1, 2, n, generator=generator) * noise_w)[0].t()
         head = math.ceil(head / min(1.0, length_scale))  # faster speech: fewer frames an id

@@ -1,0 +1,182 @@
+"""The text encoder shared with a second thread (``tts.sharing``): the phases' rules (every
+task once, a phase only after the one before, failures raised), the encoder's result
+independent of who ran which block, and the lanes lending the thread only to a sentence begun
+with nothing at the helpers."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from inline_helpers import Inline
+from sentences import LONG_SENTENCE
+
+import tts.sharing as sharing_module
+from tts import SynthesisOptions
+from tts.sharing import SharingThread, in_order, sharing_thread
+from tts.vits.enc_p import SHARED_ROWS, row_blocks
+
+
+@pytest.fixture(autouse=True)
+def _a_free_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Share as on an idle machine, whatever else runs beside the tests: the rules of
+    sharing are what is tested here (``test_a_busy_machine_shares_nothing`` has the
+    other side)."""
+    monkeypatch.setattr(sharing_module, "core_free", lambda: True)
+
+
+def _phases(log: list[tuple[int, int, str]], phases: int, tasks: int,
+            seconds: float) -> list[list[Callable[[], None]]]:
+    def task(k: int, i: int) -> None:
+        time.sleep(seconds)  # sleeping lets the other thread take its share
+        log.append((k, i, threading.current_thread().name))
+
+    return [[lambda k=k, i=i: task(k, i) for i in range(tasks)] for k in range(phases)]
+
+
+def test_every_task_runs_once_and_a_phase_only_after_the_one_before() -> None:
+    sharing = SharingThread()
+    log: list[tuple[int, int, str]] = []
+    sharing.run(_phases(log, 6, 2, 0.01))
+    assert sorted((k, i) for k, i, _ in log) == [(k, i) for k in range(6) for i in range(2)]
+    assert [k for k, _, _ in log] == sorted(k for k, _, _ in log)  # phase by phase
+    by = {name for _, _, name in log}
+    assert by == {threading.current_thread().name, "herald-sharing"}
+    assert sharing.shared == sum(1 for _, _, name in log if name == "herald-sharing")
+
+
+def test_a_failing_task_is_raised_and_the_thread_serves_the_next_call() -> None:
+    sharing = SharingThread()
+    for fail_in in (0, 1):  # the calling thread takes task 0 first, the second thread task 1
+        log: list[tuple[int, int, str]] = []
+        phases = _phases(log, 3, 2, 0.02)
+
+        def broken() -> None:
+            time.sleep(0.02)
+            raise ValueError("broken task")
+
+        phases[1][fail_in] = broken
+        with pytest.raises(ValueError, match="broken task"):
+            sharing.run(phases)
+        assert all(k <= 1 for k, _, _ in log)  # nothing after the failed phase began
+        log.clear()
+        sharing.run(_phases(log, 2, 2, 0.0))
+        assert len(log) == 4
+
+
+def test_a_call_while_the_thread_is_in_use_runs_on_its_own_thread() -> None:
+    sharing = SharingThread()
+    inner: list[tuple[int, int, str]] = []
+    outer: list[tuple[int, int, str]] = []
+    started = threading.Event()
+
+    def slow() -> None:
+        started.set()
+        time.sleep(0.2)
+
+    other = threading.Thread(target=lambda: sharing.run([[slow]]), name="other")
+    other.start()
+    started.wait()
+    sharing.run(_phases(inner, 2, 2, 0.0))
+    other.join()
+    assert {name for _, _, name in inner} == {threading.current_thread().name}
+    sharing.run(_phases(outer, 2, 2, 0.05))
+    assert "herald-sharing" in {name for _, _, name in outer}
+
+
+def test_the_blocks_depend_on_the_length_alone() -> None:
+    assert row_blocks(SHARED_ROWS - 1) == [(0, SHARED_ROWS - 1)]
+    blocks = row_blocks(399)
+    assert blocks == [(0, 199), (199, 399)]
+    half = SHARED_ROWS // 2
+    assert row_blocks(SHARED_ROWS) == [(0, half), (half, SHARED_ROWS)]
+
+
+def test_the_encoder_gives_the_same_rows_whoever_runs_its_blocks(synth) -> None:  # type: ignore[no-untyped-def]
+    ids = torch.tensor(synth.sentences(LONG_SENTENCE)[0])
+    assert len(row_blocks(len(ids))) == 2
+    sharing = SharingThread()
+    with torch.inference_mode():
+        alone = synth.model.enc_p(ids)
+        for _ in range(3):
+            shared = synth.model.enc_p(ids, sharing.run)
+            for a, b in zip(alone, shared):
+                assert torch.equal(a, b)
+    assert sharing.shared > 0  # the second thread did run blocks
+
+
+def test_the_lanes_lend_the_thread_to_a_sentence_begun_with_nothing_at_the_helpers(synth) -> None:  # type: ignore[no-untyped-def]
+    opts = SynthesisOptions(seed=7)
+    text = LONG_SENTENCE + " " + LONG_SENTENCE
+    sharing = sharing_thread()
+
+    def audio(lanes: int | None) -> tuple[np.ndarray, int]:
+        before = sharing.shared
+        helpers = None if lanes is None else Inline(lanes)
+        chunks = [c.samples for c in synth.stream(text, opts, helpers=helpers)]
+        return np.concatenate(chunks), sharing.shared - before
+
+    plain, none_lent = audio(None)
+    one_lane, one_lent = audio(1)
+    helped, lent = audio(2)
+    assert none_lent == one_lent == 0
+    # The first sentence's encoder only: the second is handed out while a helper decodes.
+    assert 0 < lent <= 3 * len(synth.model.enc_p.encoder.attn_layers)
+    # Windows follow the clock, so these join within float rounding, not bit for bit; the
+    # encoder's rows are the same bit for bit (above), so every duration is too.
+    assert len(plain) == len(one_lane) == len(helped)
+    assert np.abs(one_lane - plain).max() < 1e-4 and np.abs(helped - plain).max() < 1e-4
+    assert np.abs(plain).max() > 0.1
+
+
+def test_a_synthesis_leaves_no_tensor_to_the_cyclic_collector(synth) -> None:  # type: ignore[no-untyped-def]
+    """Tensors in a reference cycle live until the collector next runs: a long sentence's
+    prior and decoding state held that way kept the process tens of megabytes larger
+    after it spoke."""
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for helpers in (None, Inline(2)):
+            for _ in synth.stream(LONG_SENTENCE, SynthesisOptions(seed=1), helpers=helpers):
+                pass
+        gc.collect()
+        tensors = [o for o in gc.garbage if isinstance(o, torch.Tensor)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not tensors, [tuple(t.shape) for t in tensors[:5]]
+
+
+def test_in_order_runs_everything_on_the_calling_thread() -> None:
+    log: list[tuple[int, int, str]] = []
+    in_order(_phases(log, 2, 3, 0.0))
+    assert [(k, i) for k, i, _ in log] == [(k, i) for k in range(2) for i in range(3)]
+    assert {name for _, _, name in log} == {threading.current_thread().name}
+
+
+def test_a_busy_machine_shares_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that keeps a core busy is runnable all the time, so beside it the count of
+    runnable threads is at least two, however idle the rest of the machine is."""
+    monkeypatch.undo()
+    busy = subprocess.Popen([sys.executable, "-c", "print('busy', flush=True)\nwhile True: pass"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert busy.stdout is not None and busy.stdout.readline() == "busy\n"
+        assert not sharing_module.core_free()
+        sharing = SharingThread()
+        log: list[tuple[int, int, str]] = []
+        sharing.run(_phases(log, 3, 2, 0.01))
+        assert {name for _, _, name in log} == {threading.current_thread().name}
+        assert sharing.shared == 0
+    finally:
+        busy.kill()
+        busy.wait()
