@@ -5,7 +5,9 @@ with nothing at the helpers."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
+import os
 import subprocess
 import sys
 import threading
@@ -180,3 +182,24 @@ def test_a_busy_machine_shares_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         busy.kill()
         busy.wait()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to keep apart")
+def test_the_two_threads_run_on_separate_cores_and_the_caller_gets_its_affinity_back() -> None:
+    sharing = SharingThread()
+    before = os.sched_getaffinity(0)
+    getcpu = ctypes.CDLL(None).sched_getcpu
+    seen: dict[str, set[int]] = {}
+
+    def task() -> None:
+        for _ in range(20):
+            time.sleep(0.001)  # each wake could land the thread on another core
+            seen.setdefault(threading.current_thread().name, set()).add(getcpu())
+
+    for _ in range(3):
+        seen.clear()
+        sharing.run([[task, task] for _ in range(4)])
+        assert os.sched_getaffinity(0) == before
+        mine, second = seen[threading.current_thread().name], seen.get("herald-sharing", set())
+        assert len(mine) == 1 and not mine & second, seen
+    assert sharing.shared > 0

@@ -135,12 +135,13 @@ class FFN(nn.Module):
         return self.conv_2.rows(torch.relu_(self.conv_1.rows(x)))
 
 
-# Sentences of at least this many ids (about 4 s of speech) run the encoder in two blocks of
+# Sentences of at least this many ids (about 3 s of speech) run the encoder in two blocks of
 # rows, which two threads can share (``tts.sharing``); shorter ones in one. Two blocks on
-# one thread cost 3-4 ms more than one (each product's fixed cost is paid twice). Shared,
-# in a synthesis after an idle pause, the first audio came 6 ms sooner at 200 and 300 ids
-# and 14 ms sooner at 399, but 4 ms later at 130 (bench/README.md).
-SHARED_ROWS = 192
+# one thread cost 3-5 ms more than one (each product's fixed cost is paid twice). Shared,
+# after an idle pause, the encoder took 23 ms against 26 whole at 128 ids, 21 against 29 at
+# 160, and a synthesis's first audio came 7 ms sooner at 129 ids, 29 ms at 399; below 128
+# the gain was a millisecond (bench/README.md).
+SHARED_ROWS = 128
 
 
 def row_blocks(t: int) -> list[tuple[int, int]]:
