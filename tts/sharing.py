@@ -226,17 +226,25 @@ _sched_getcpu: Any = None
 
 
 def core_free() -> bool:
-    """Whether nothing but the calling thread is runnable on the machine now (Linux's count
-    of runnable threads, which includes the caller). Measured beside one busy process, the
-    long sentence's first audio came 6 ms later shared than on one thread; with this check
-    it came as on one thread. Where the count cannot be read, the core is taken to be
-    free."""
+    """Whether no thread of another process is runnable now: Linux's count of runnable
+    threads (``/proc/loadavg``) less this process's own (``/proc/self/task``; the caller
+    among them, and a front's event loop that has just handed the request over). Measured
+    beside one busy process, the long sentence's first audio came 6 ms later shared than on
+    one thread; with this check it came as on one thread. Where the counts cannot be read,
+    the core is taken to be free."""
     try:
         with open("/proc/loadavg", "rb") as f:
             running = int(f.read().split()[3].split(b"/")[0])
+        mine = 0
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                    mine += f.read().rpartition(b")")[2].split()[0] == b"R"
+            except OSError:
+                continue  # the thread has ended
     except (OSError, IndexError, ValueError):
         return True
-    return running <= 1
+    return running - mine <= 0
 
 
 _thread: SharingThread | None = None

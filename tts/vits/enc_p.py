@@ -203,7 +203,7 @@ class Encoder(nn.Module):
                                 cast(LayerNorm, norm1)) for i in each],
                        [partial(feed, i, cast(FFN, ffn), cast(LayerNorm, norm2))
                         for i in each]]
-        run(phases)
+        (run if len(blocks) > 1 else in_order)(phases)  # one block: nothing to share
         return x
 
 
