@@ -177,7 +177,7 @@ class Encoder(nn.Module):
         x = x.clone()  # each layer's output goes back into it, block by block
         after_attention = torch.empty_like(x)
         keys, values = torch.empty_like(x), torch.empty_like(x)
-        queries: list[Tensor] = [x] * len(blocks)
+        queries: list[Tensor] = [x] * len(blocks)  # each block's own, from its projections
 
         def project(i: int, attn: MultiHeadAttention) -> None:
             a, b = blocks[i]
