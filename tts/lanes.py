@@ -116,9 +116,9 @@ class _Lanes:
 
     def _start_playing(self) -> bool:
         """The next sentence, to be played from its first frame (no helper has it); False if
-        there is none."""
-        lend = self.helpers is not None and self.helpers.lanes >= 2 and not self.spans
-        taken = self._take_prior(lend)
+        there is none. Called only once every span is out, so nothing of this text is with
+        the helpers: with two lanes or more, the core a helper would use is free."""
+        taken = self._take_prior(lend=self.helpers is not None and self.helpers.lanes >= 2)
         if taken is None:
             return False
         k, latents, g = taken
@@ -278,9 +278,9 @@ class _Lanes:
         return _Span(sentence, latents, g, start, end, self.helpers.decode(self.model, job))
 
     def _take_prior(self, lend: bool = False) -> tuple[int, Latents, Tensor | None] | None:
-        """The next sentence's prior. ``lend``: this synthesis has helpers and nothing with
-        them, so the core one would use is free: the sentence's text encoder shares its
-        phases with this process's second thread (``tts.sharing``)."""
+        """The next sentence's prior. ``lend``: a helper's core is free (``_start_playing``),
+        so the sentence's text encoder shares its phases with this process's second thread
+        (``tts.sharing``)."""
         if not self.more:
             return None
         prior = next(self.priors, None)

@@ -13,8 +13,7 @@ releases it for its whole length.
   calling thread does the rest itself. With a fixed half each, every phase would wait for
   it, as intra-op threads do at their barriers (``tts.threads``).
 * **Only while a core is free** (``core_free``). Beside a busy process the second thread
-  mostly waits for a core: in a prototype the encoder took 7% longer shared than on one
-  thread there.
+  mostly waits for a core, and sharing is a loss.
 * **On two cores** (``SharingThread._apart``): for the call, the caller stays on its core
   and the second thread keeps off it. Left to Linux on a virtual machine, the two often
   took turns on one core, and sharing gained half as much.
@@ -26,11 +25,12 @@ releases it for its whole length.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import cast
 
 import torch
 
@@ -168,23 +168,24 @@ class SharingThread:
                         break
                     if not front:
                         run.busy += 1
+                failed: BaseException | None = None
                 try:
                     task()
                 except BaseException as e:
-                    with self._changed:
-                        run.error = run.error or e
-                        if not front:
-                            run.busy -= 1
-                        self._changed.notify_all()
-                    if front:
-                        raise
-                    return
+                    failed = e
                 with self._changed:
-                    run.done[k] += 1
                     if not front:
                         run.busy -= 1
-                        self.shared += 1
+                    if failed is None:
+                        run.done[k] += 1
+                        self.shared += not front
+                    else:
+                        run.error = run.error or failed
                     self._changed.notify_all()
+                if failed is not None:
+                    if front:
+                        raise failed
+                    return
             spin_until = time.perf_counter() + SPIN
             while not run.finished(k) and time.perf_counter() < spin_until:
                 time.sleep(0)  # lets the other thread have the interpreter's lock
@@ -209,20 +210,19 @@ def _set_affinity(thread: int, cpus: set[int]) -> bool:
 
 def _current_cpu() -> int | None:
     """The CPU the calling thread runs on now (glibc's ``sched_getcpu``), if known."""
-    global _sched_getcpu
-    if _sched_getcpu is None:
-        try:
-            _sched_getcpu = ctypes.CDLL(None, use_errno=True).sched_getcpu
-            _sched_getcpu.restype = ctypes.c_int
-        except (OSError, AttributeError):
-            _sched_getcpu = False
-    if _sched_getcpu is False:
-        return None
-    cpu = int(_sched_getcpu())
+    getcpu = _sched_getcpu()
+    cpu = -1 if getcpu is None else int(getcpu())
     return cpu if cpu >= 0 else None
 
 
-_sched_getcpu: Any = None
+@functools.cache
+def _sched_getcpu() -> Callable[[], int] | None:
+    try:
+        getcpu = ctypes.CDLL(None).sched_getcpu
+    except (OSError, AttributeError):
+        return None
+    getcpu.restype = ctypes.c_int
+    return cast(Callable[[], int], getcpu)
 
 
 def core_free() -> bool:
