@@ -159,6 +159,50 @@ def test_a_piece_cut_anywhere_joins_exactly() -> None:
         assert np.abs(np.concatenate([left, right]) - whole).max() < 1e-4, cut
 
 
+def test_a_piece_that_ends_inside_the_sentence_leaves_no_flow_sliver(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The playing lane's share of a short sentence at two lanes ends inside it. When its
+    flow runs ahead to within half that run of the last prior frame the piece reads (its
+    end's look-ahead through the generator and the flow), the flow takes those frames too
+    rather than leave them a push of their own, whose sixteen products read every weight
+    again for a few frames. The audio still joins the one-shot audio."""
+    from tts import flow_stream
+    from tts.pieces import Latents, Piece
+
+    model = random_model(VARIANTS["medium"])
+    torch.manual_seed(3)
+    z_p = torch.randn(1, model.config.inter_channels, 128)
+    with torch.inference_mode():
+        whole = np.clip(model.decode(z_p, None)[0, 0].numpy(), -1, 1)
+    pushes: list[int] = []
+    push = flow_stream.StreamingFlow.push
+
+    def counted(self: flow_stream.StreamingFlow, x: torch.Tensor,
+                final: bool = False) -> torch.Tensor:
+        pushes.append(x.shape[-1])
+        return push(self, x, final)
+
+    monkeypatch.setattr(flow_stream.StreamingFlow, "push", counted)
+    dc, fc, end = model.dec.receptive_field, model.flow.receptive_field, 64
+    stop = end + dc + fc  # the last prior frame the piece reads, short of the sentence's
+    piece = Piece(model, Latents([z_p]), None, 1.0, 0, end)
+    piece.step(8)  # the first window: no run-ahead
+    assert sum(pushes) == 8 + dc + fc
+    # The second window's flow may run 28 frames past what it needs: 12 would be left,
+    # fewer than half of 28, so it takes them.
+    ahead = 28
+    needed = 24 + dc + fc
+    assert 0 < stop - (needed + ahead) <= ahead // 2
+    piece.step(24, ahead)
+    assert sum(pushes) == stop and len(pushes) == 2, pushes
+    while not piece.finished:
+        piece.step(piece.reached + 16, ahead)
+    assert len(pushes) == 2, pushes  # no push of its own for the sliver
+    left = np.concatenate(list(piece.take()))
+    assert len(left) == end * model.config.hop_length
+    assert np.abs(left - whole[: len(left)]).max() < 1e-4
+
+
 def test_the_rest_is_cut_into_pieces_no_shorter_than_the_minimum() -> None:
     """A sentence whose prior is whole from the start (a short one's) is shared out among
     the lanes at once, as long as each piece keeps ``MIN_PIECE`` frames; one too short for

@@ -147,11 +147,12 @@ class Piece:
         flush = latents.complete and target == frames and not self._flow_final
         if target > self._fed or flush:
             if ahead and latents.complete:
-                if end is not None:
-                    ahead = min(ahead, end + self.dc + self.fc - target)
-                target = min(frames, target + max(0, ahead))
-                if frames - target <= ahead // 2:  # no sliver left for a push of its own
-                    target = frames if end is None else target
+                # The last prior frame this piece reads: the sentence's, or its end's
+                # look-ahead through the generator and the flow.
+                stop = frames if end is None else min(frames, end + self.dc + self.fc)
+                target = min(stop, target + max(0, ahead))
+                if stop - target <= ahead // 2:  # no sliver left for a push of its own
+                    target = stop
             assert latents.z is not None
             started = self.clock()
             self._flow_final = latents.complete and target == frames
