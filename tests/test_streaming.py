@@ -159,21 +159,10 @@ def test_a_piece_cut_anywhere_joins_exactly() -> None:
         assert np.abs(np.concatenate([left, right]) - whole).max() < 1e-4, cut
 
 
-def test_a_piece_that_ends_inside_the_sentence_leaves_no_flow_sliver(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The playing lane's share of a short sentence at two lanes ends inside it. When its
-    flow runs ahead to within half that run of the last prior frame the piece reads (its
-    end's look-ahead through the generator and the flow), the flow takes those frames too
-    rather than leave them a push of their own, whose sixteen products read every weight
-    again for a few frames. The audio still joins the one-shot audio."""
+def _flow_pushes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The frames of every ``StreamingFlow.push`` from now on, in order (the real push runs)."""
     from tts import flow_stream
-    from tts.pieces import Latents, Piece
 
-    model = random_model(VARIANTS["medium"])
-    torch.manual_seed(3)
-    z_p = torch.randn(1, model.config.inter_channels, 128)
-    with torch.inference_mode():
-        whole = np.clip(model.decode(z_p, None)[0, 0].numpy(), -1, 1)
     pushes: list[int] = []
     push = flow_stream.StreamingFlow.push
 
@@ -183,6 +172,24 @@ def test_a_piece_that_ends_inside_the_sentence_leaves_no_flow_sliver(
         return push(self, x, final)
 
     monkeypatch.setattr(flow_stream.StreamingFlow, "push", counted)
+    return pushes
+
+
+def test_a_piece_that_ends_inside_the_sentence_leaves_no_flow_sliver(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The playing lane's share of a short sentence at two lanes ends inside it. When its
+    flow runs ahead to within half that run of the last prior frame the piece reads (its
+    end's look-ahead through the generator and the flow), the flow takes those frames too
+    rather than leave them a push of their own, whose sixteen products read every weight
+    again for a few frames. The audio still joins the one-shot audio."""
+    from tts.pieces import Latents, Piece
+
+    model = random_model(VARIANTS["medium"])
+    torch.manual_seed(3)
+    z_p = torch.randn(1, model.config.inter_channels, 128)
+    with torch.inference_mode():
+        whole = np.clip(model.decode(z_p, None)[0, 0].numpy(), -1, 1)
+    pushes = _flow_pushes(monkeypatch)
     dc, fc, end = model.dec.receptive_field, model.flow.receptive_field, 64
     stop = end + dc + fc  # the last prior frame the piece reads, short of the sentence's
     piece = Piece(model, Latents([z_p]), None, 1.0, 0, end)
@@ -387,22 +394,13 @@ def test_the_flow_runs_ahead_in_large_pushes_once_the_sentence_is_whole(
     """A long sentence's prior comes in two parts; once the second is joined, the flow is
     pushed far ahead of the generator's windows (fewer, larger matrix products) while the
     audio out pays for it, and the chunks still join into the one-shot audio."""
-    from tts import flow_stream
 
     model = random_model(VARIANTS["medium"])
     torch.manual_seed(6)
     z_p = torch.randn(1, model.config.inter_channels, 400)
     with torch.inference_mode():
         whole = np.clip(model.decode(z_p, None)[0, 0].numpy(), -1, 1)
-    pushes: list[int] = []
-    push = flow_stream.StreamingFlow.push
-
-    def counted(self: flow_stream.StreamingFlow, x: torch.Tensor,
-                final: bool = False) -> torch.Tensor:
-        pushes.append(x.shape[-1])
-        return push(self, x, final)
-
-    monkeypatch.setattr(flow_stream.StreamingFlow, "push", counted)
+    pushes = _flow_pushes(monkeypatch)
     parts = PriorParts(lambda run: iter([(z_p[..., :100], False), (z_p[..., 100:], True)]))
     chunks = [c for c, _, _ in decode_sentences(
         model, [(parts, None)], largest=32, pace=Pace(256 / 22050, clock=lambda: 0.0))]
