@@ -6,10 +6,12 @@ Counted in page faults (``getrusage``), not in time, so the verdict does not dep
 fast or busy the machine is. A fresh process, as a daemon's: the streamed flow and
 generator over 400 frames in windows of 96, on a worker thread (its own arena) and on the
 main thread (a helper's heap), each decoded twice to grow the heap to what a decode needs,
-then three decodes counted; then, in the same thread, glibc's own trim threshold put back
-and three more counted, which shows that the count sees the hand-backs. Three, not one: a
-single decode's count moves several-fold with where its pieces fall in the heap (on the
-main thread, 1,700 to 22,000 faults at glibc's threshold, from decode to decode)."""
+then five decodes counted; then, in the same thread, glibc's own trim threshold put back
+and five more counted, which shows that the count sees the hand-backs. A decode's figure is
+the median of its five: a hand-back recurs in every decode, while a heap still settling
+grows in one decode or another, and its new pages fault in whatever the threshold (on the
+main thread, hundreds to thousands of faults in the third to seventh decode; at glibc's
+threshold, 2,000 to 22,000 faults from decode to decode)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 CODE = """
-import ctypes, json, resource, sys, threading
+import ctypes, json, resource, statistics, sys, threading
 import torch
 from tts import VoiceCatalog, prepare_process
 from tts.flow_stream import StreamingFlow
@@ -33,7 +35,7 @@ from tts.vits import nhwc
 prepare_process()
 model = VoiceCatalog().synthesizer().model
 frames, window = 400, 96
-ROUNDS = 3  # decodes counted: one decode's count moves with where its pieces fall in the heap
+ROUNDS = 5  # decodes counted: the heap may still grow in one or two of them
 z = nhwc(torch.randn(1, 192, frames, generator=torch.Generator().manual_seed(0)))
 mallopt = ctypes.CDLL(None).mallopt
 
@@ -48,10 +50,10 @@ def faults() -> int:
 
 def counted(seen: dict) -> None:
     faults(), faults()  # as prepare_process left the heap, grown to what a decode needs
-    seen["herald"] = sum(faults() for _ in range(ROUNDS))
+    seen["herald"] = statistics.median(faults() for _ in range(ROUNDS))
     mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD: glibc's default
     faults()
-    seen["glibc"] = sum(faults() for _ in range(ROUNDS))
+    seen["glibc"] = statistics.median(faults() for _ in range(ROUNDS))
 
 if sys.argv[1] == "worker":
     seen = {}
@@ -69,10 +71,10 @@ def test_freed_pieces_stay_mapped_for_the_next(where: str) -> None:
     out = subprocess.run([sys.executable, "-c", CODE, where], cwd=ROOT, capture_output=True,
                          text=True, timeout=300, check=True).stdout
     seen = json.loads(out.splitlines()[-1])
-    assert seen["glibc"] > 3000, (
-        f"with glibc's own trim threshold three decodes took only {seen['glibc']} page "
-        f"faults: the count does not see the hand-backs")
+    assert seen["glibc"] > 1000, (
+        f"with glibc's own trim threshold a decode took only {seen['glibc']} page faults "
+        f"(median): the count does not see the hand-backs")
     assert seen["herald"] * 3 < seen["glibc"], (
-        f"three decodes on the {where} thread took {seen['herald']} page faults, against "
+        f"a decode on the {where} thread took {seen['herald']} page faults (median), against "
         f"{seen['glibc']} with glibc's own trim threshold: freed pieces are still handed "
         f"back and faulted in again")
