@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ from wyoming.tts import Synthesize
 from daemon.context import Context
 from daemon.fronts.http import HttpFront, HttpSettings
 from daemon.fronts.wyoming import WyomingFront, WyomingSettings
-from daemon.jobs.metrics import Metrics
+from daemon.jobs.metrics import LatencyRecord, Metrics
 from daemon.synthesis.engine import Engine
 from daemon.systemd import Watchdog
 
@@ -146,15 +145,19 @@ async def test_the_watchdog_starves_while_a_wyoming_job_makes_no_progress(
     assert dog.healthy()
 
 
-@pytest.mark.alone  # first audio within a second, measured (tests/parallel.py)
+@pytest.mark.alone  # the disconnects read while no neighbour holds the event loop back
 async def test_abandoned_wyoming_requests_stop_at_once(engine: Engine,
                                                        fronts: list[Fronts]) -> None:
     """20 clients ask for ten seconds of speech each and hang up at once: their jobs stop
-    as soon as the disconnects are read, so a request sent right after is not held up."""
+    as soon as the disconnects are read, so a request sent right after is not held up.
+
+    Measured in audio, not in time: together the twenty make less than one of them would
+    (a slow host makes less before the disconnects are read, not more), where jobs left to
+    run would make 200 seconds ahead of the next request."""
     f = await start_fronts(engine)
     fronts.append(f)
-    records: list[str] = []
-    f.ctx.metrics.add_listener(lambda rec: records.append(rec.outcome))
+    records: list[LatencyRecord] = []
+    f.ctx.metrics.add_listener(records.append)
     clients = []
     for _ in range(20):
         sock = socket.create_connection(("127.0.0.1", f.wyoming_port))
@@ -165,15 +168,19 @@ async def test_abandoned_wyoming_requests_stop_at_once(engine: Engine,
     for sock in clients:
         sock.close()
     async with f.wyoming_client() as client:
-        sent = time.monotonic()
         await client.write_event(Synthesize(SHORT).event())
+        heard = 0
         while (event := await client.read_event()) is not None:
             if AudioChunk.is_type(event.type):
+                heard += len(AudioChunk.from_event(event).audio)
+            if event.type == "audio-stop":
                 break
-        first_audio = time.monotonic() - sent
-        while event is not None and event.type != "audio-stop":
-            event = await client.read_event()
-    assert first_audio < 1.0, f"first audio after {first_audio:.2f} s"
-    await eventually(lambda: len(records) >= 1, "the good request's record")
-    assert "ok" in records
-    assert f.ctx.scheduler.count() == 0
+    assert heard > 0
+    await eventually(lambda: any(r.outcome == "ok" for r in records),
+                     "the good request's record")
+    assert f.ctx.scheduler.count() == 0  # the twenty ended before it did
+    # Only the good request finished; an abandoned one that made audio says it stopped.
+    assert [r.outcome for r in records].count("ok") == 1, records
+    assert all(r.outcome in ("ok", "stopped") for r in records), records
+    made = sum(r.audio_ms for r in records if r.outcome == "stopped") / 1000
+    assert made < 9.0, f"the abandoned requests made {made:.1f} s of audio"
