@@ -15,7 +15,7 @@ import pytest
 from bench.soak import run
 
 WARMUP = 5  # rounds before the counts are taken: pools and connections reach their size
-ROUNDS = 15  # 120 requests counted: a descriptor or thread left by each would be 120
+ROUNDS = 10  # 60 requests counted: a descriptor or thread left by each would be 60
 
 
 @pytest.mark.slow
@@ -28,5 +28,5 @@ def test_rounds_of_requests_leave_no_file_descriptors_or_threads_behind() -> Non
     # Exact: after each round herald is idle and every client has gone.
     assert g["fds"] == 0, trace
     # One spare: asyncio's default executor may start a thread late, when two of its jobs
-    # first overlap (it keeps at most a handful); a thread per request would be 120.
+    # first overlap (it keeps at most a handful); a thread per request would be 60.
     assert g["threads"] <= 1, trace
