@@ -49,6 +49,32 @@ def test_pieces_decoded_by_a_helper_process_are_the_same_audio(synth, pool, text
     assert_speech(pcm16(shared), synth.sample_rate, min_seconds=5)
 
 
+def test_a_short_command_made_whole_reaches_the_helper_through_the_flow(  # type: ignore[no-untyped-def]
+        synth, pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Audio nobody plays before it is all made (an HTTP WAV): the short command's flow runs
+    once, here, and the helper process gets the frames after it, generator only; the audio
+    is the playing lane's alone."""
+    text = "Turn on the kitchen lights."
+    handed: list[PieceJob] = []
+    decode = pool.decode
+
+    def recorded(model, job: PieceJob) -> Helping:  # type: ignore[no-untyped-def]
+        handed.append(job)
+        return decode(model, job)
+
+    monkeypatch.setattr(pool, "decode", recorded)
+
+    def made(helpers: HelperPool | None) -> bytes:
+        return b"".join(to_pcm16(c.samples) for c in synth.stream(
+            text, SynthesisOptions(seed=4), helpers, whole=True))
+
+    alone, shared = made(None), made(pool)
+    assert [job.flowed for job in handed] == [True]
+    assert pool.decoded == 1
+    assert_pcm_close(shared, alone)
+    assert_speech(pcm16(shared), synth.sample_rate, min_seconds=1)
+
+
 def test_a_helper_killed_midway_leaves_the_audio_whole(synth, pool, caplog) -> None:  # type: ignore[no-untyped-def]
     """The helper is killed as soon as the first audio is out, while it holds pieces of the
     first sentence and the next ones: the playing lane decodes them itself, from where the

@@ -7,7 +7,7 @@ import dataclasses
 import math
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -21,6 +21,7 @@ from tts import SynthesisOptions
 from tts.lanes import Prior, decode_sentences
 from tts.pace import Pace, next_end
 from tts.pieces import HelperFailed, Helping, Latents, PieceJob
+from tts.sharing import Phases, in_order
 from tts.stream import MIN_PIECE, decode_windows
 from tts.vits import Vits, nhwc
 from tts.vits.model import PriorParts
@@ -432,6 +433,72 @@ def test_the_flow_pushed_in_any_sizes_equals_its_one_shot_reverse() -> None:
             assert out.shape[-1] == frames
             assert (out[:, :, 0] - whole).abs().max() < 1e-4, sizes
     assert whole.abs().max() > 1e-2  # not two silences
+
+
+def _concurrently_backwards(phases: Phases) -> None:
+    """Each phase's tasks at once on threads of their own, begun last first, as the sharing
+    thread runs them (under ``inference_mode``): the tasks of a phase must not depend on one
+    another, or on their order."""
+
+    def run(task: Callable[[], None]) -> None:
+        with torch.inference_mode():
+            task()
+
+    for phase in phases:
+        threads = [threading.Thread(target=run, args=(task,)) for task in reversed(phase)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_the_flow_shared_out_by_columns_equals_its_one_shot_reverse(variant: str) -> None:
+    """``reverse_shared`` over a whole sentence, its phases run on one thread or their
+    tasks on several at once, with a speaker's conditioning where the voice has speakers:
+    the latent frames are the one-shot flow's, and the prior is left as it was."""
+    from tts.flow_shared import reverse_shared
+
+    model = random_model(VARIANTS[variant])
+    torch.manual_seed(9)
+    g = model.speaker_embedding(1)
+    with torch.inference_mode():
+        for frames in (1, 5, 37, 300):
+            z_p = torch.randn(1, model.config.inter_channels, frames)
+            whole = model.flow.reverse(z_p, torch.ones_like(z_p[:, :1]), g)
+            z = nhwc(z_p)
+            for run in (in_order, _concurrently_backwards):
+                out = reverse_shared(model.flow, z, g, run)
+                assert out.shape == z.shape, (frames, run)
+                assert out.is_contiguous(memory_format=torch.channels_last)
+                assert (out[:, :, 0] - whole).abs().max() < 1e-5, (frames, run)
+            assert torch.equal(z[:, :, 0], z_p)
+            assert whole.abs().max() > 1e-2  # not two silences
+
+
+def test_a_short_sentence_made_whole_is_flowed_once_and_its_pieces_run_the_generator() -> None:
+    """Audio nobody plays before it is all made (first window = largest): a short sentence
+    goes through the flow once, before it is cut, and the helper's piece reads only the
+    generator's context; played as it comes, each piece runs the flow itself (the first
+    audio does not wait for the whole flow). Either way the audio is the one-shot audio."""
+    model = random_model(VARIANTS["multi_speaker"])
+    torch.manual_seed(10)
+    frames = 120
+    z_p = torch.randn(1, model.config.inter_channels, frames)
+    g = model.speaker_embedding(2)
+    with torch.inference_mode():
+        whole = np.clip(model.decode(z_p, g)[0, 0].numpy(), -1, 1)
+    dc, fc = model.dec.receptive_field, model.flow.receptive_field
+    for first, flowed in ((96, True), (8, False)):
+        helpers = Inline(2)
+        audio = np.concatenate([c for c, _ in decode_windows(model, z_p, g, first=first,
+                                                             largest=96, helpers=helpers)])
+        assert np.abs(audio - whole).max() < 1e-4, first
+        [job] = helpers.handed
+        assert job.flowed is flowed
+        assert job.start == dc + (0 if flowed else fc)  # the context it reads before its start
+        assert job.z.shape[-1] == frames - frames // 2 + job.start
+    assert np.abs(whole).max() > 1e-3
 
 
 def test_a_paced_stream_makes_fewer_windows_and_the_same_audio(synth) -> None:  # type: ignore[no-untyped-def]

@@ -11,7 +11,9 @@ work is shared out:
   computed here, their audio there;
 * a sentence the playing lane begins with nothing at the helpers (a text's first) has its
   text encoder shared with a second thread of this process (``tts.sharing``): the core
-  its helper will decode on is free until the sentence's first window is out;
+  its helper will decode on is free until the sentence's first window is out; so is a
+  short sentence's flow, when nobody plays the audio before it is all made
+  (``tts.flow_shared``);
 * when the playing lane gets to a span a helper has not begun, it takes it back and decodes
   it itself; of one a helper has begun it takes the audio as it comes, and while none has
   come it decodes a later span no helper has begun, or hands out the next sentence.
@@ -31,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .flow_shared import reverse_shared
 from .pace import Pace, next_end
 from .pieces import HelperFailed, Helpers, Helping, Latents, Piece, PieceJob
 from .sharing import sharing_thread
@@ -235,6 +238,8 @@ class _Lanes:
         start, frames = (0 if span.piece is None else span.piece.reached), span.latents.frames
         k = min(self.helpers.lanes, (frames - start) // MIN_PIECE)
         if k >= 2:
+            if span.piece is None and self.first >= self.largest:
+                span.latents = self._flowed(span.latents, span.g)
             bounds = [start + round(i * (frames - start) / k) for i in range(k)] + [frames]
             span.end = bounds[1]
             if span.piece is not None:
@@ -246,6 +251,17 @@ class _Lanes:
                 self.spans.insert(at + i - 1, piece)
         if hand_out:
             self._hand_out()
+
+    def _flowed(self, latents: Latents, g: Tensor | None) -> Latents:
+        """A short sentence's prior through the flow at once, on this thread and the sharing
+        one (``tts.flow_shared``), for audio nobody plays before it is all made: its pieces
+        then run the generator alone, and none runs the flow over its context again. Not
+        for audio played as it comes: the whole flow before the first window put a short
+        command's first audio ~25 ms later, for ~15 ms less in all."""
+        with torch.inference_mode():
+            assert latents.z is not None
+            z = reverse_shared(self.model.flow, latents.z, g, sharing_thread().run)
+        return Latents(z[:, :, 0], flowed=True)
 
     def _hand_out(self) -> bool:
         """Hand the next sentence to the helpers, whole (in pieces if they are several),

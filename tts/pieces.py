@@ -11,6 +11,8 @@ drops what they make of those: from its first frame on, its audio is the one-sho
 piece that ends inside the sentence reads the frames after it that its last samples depend
 on and stops its audio at its end. So a sentence cut into pieces decoded on several cores,
 joined in order, is the same audio, for the cost of decoding those context frames twice.
+Pieces of a sentence already through the flow (``Latents.flowed``) run the generator alone,
+and read only its context.
 
 A piece is stepped a window at a time (``step``). The lane that plays the sentence steps its
 own; a later piece can be handed to a helper (``Helpers``) as a ``PieceJob``: the prior frames
@@ -41,10 +43,13 @@ from .vits import Vits, nhwc
 class Latents:
     """A sentence's prior latent ``z_p``, channels-last ``[1, c, 1, frames]``, joined from its
     parts (``Vits.prior_parts``) as pieces need them. The parts draw their sampling noise in
-    order, whichever lane asks first."""
+    order, whichever lane asks first. ``flowed``: whole, and through the flow already
+    (``flow_shared.reverse_shared``), so pieces run the generator alone."""
 
-    def __init__(self, parts: Iterable[Tensor] | Tensor) -> None:
+    def __init__(self, parts: Iterable[Tensor] | Tensor, flowed: bool = False) -> None:
         whole = parts if isinstance(parts, Tensor) else None
+        assert whole is not None or not flowed
+        self.flowed = flowed
         self._parts: Iterator[Tensor] = iter(parts if whole is None else [whole])
         self._lock = threading.Lock()
         self.z: Tensor | None = None
@@ -93,9 +98,10 @@ class Piece:
         self.gain = gain
         self.start, self.end = start, end
         self.hop = model.config.hop_length
-        self.dc, self.fc = model.dec.receptive_field, model.flow.receptive_field
+        self.dc = model.dec.receptive_field
+        self.fc = 0 if latents.flowed else model.flow.receptive_field
         with torch.inference_mode():
-            self._flow = StreamingFlow(model.flow, g)
+            self._flow = None if latents.flowed else StreamingFlow(model.flow, g)
             self._gen = StreamingGenerator(model.dec, g)
         # Frames the generator's first samples depend on, and the flow's first latent
         # frames: at the sentence's start, only what its padding stands for.
@@ -156,8 +162,10 @@ class Piece:
             assert latents.z is not None
             started = self.clock()
             self._flow_final = latents.complete and target == frames
-            out = self._flow.push(latents.z[..., self._fed:target], final=self._flow_final)
-            self.flow_ran = (target - self._fed, self.clock() - started)
+            out = latents.z[..., self._fed:target]
+            if self._flow is not None:
+                out = self._flow.push(out, final=self._flow_final)
+                self.flow_ran = (target - self._fed, self.clock() - started)
             self._fed = target
             if self._drop_latent:
                 cut = min(self._drop_latent, out.shape[-1])
@@ -187,29 +195,32 @@ class Piece:
 class PieceJob:
     """A piece for a helper: the prior frames it reads, ``[1, c, n]`` (its own and the
     context around it), where it starts and ends in them (``end`` None: at their
-    end, which is the sentence's), the speaker conditioning and the gain."""
+    end, which is the sentence's), the speaker conditioning, the gain, and whether the
+    frames are through the flow already (``Latents.flowed``)."""
 
     z: Tensor
     start: int
     end: int | None
     g: Tensor | None
     gain: float
+    flowed: bool = False
 
     @classmethod
     def cut(cls, model: Vits, latents: Latents, start: int, end: int | None,
             g: Tensor | None, gain: float) -> PieceJob:
         """Frames ``[start, end)`` of a sentence whose prior is complete in ``latents``."""
         assert latents.complete and latents.z is not None
-        reach = model.dec.receptive_field + model.flow.receptive_field
+        reach = model.dec.receptive_field + (0 if latents.flowed else model.flow.receptive_field)
         lo = max(0, start - reach)
         hi = latents.frames if end is None else min(latents.frames, end + reach)
         return cls(latents.z[:, :, 0, lo:hi].contiguous(), start - lo,
-                   None if end is None else end - lo, g, gain)
+                   None if end is None else end - lo, g, gain, latents.flowed)
 
     def decode(self, model: Vits, window: int) -> Iterator[tuple[np.ndarray, bool]]:
         """Its audio, a window of ``window`` frames at a time (the flow as far ahead), each
         with whether it is the last."""
-        piece = Piece(model, Latents(self.z), self.g, self.gain, self.start, self.end)
+        piece = Piece(model, Latents(self.z, self.flowed), self.g, self.gain, self.start,
+                      self.end)
         while not piece.finished:
             piece.step(piece.reached + window, window)
             chunks = list(piece.take())

@@ -310,7 +310,8 @@ class _Refused:
 def _plain(job: PieceJob) -> dict[str, Any]:
     """The job as plain arrays (pickled by value: no shared memory for a few hundred KB)."""
     return {"z": job.z.numpy(), "start": job.start, "end": job.end,
-            "g": None if job.g is None else job.g.numpy(), "gain": job.gain}
+            "g": None if job.g is None else job.g.numpy(), "gain": job.gain,
+            "flowed": job.flowed}
 
 
 def _helper_main(sock: socket.socket, catalog: VoiceCatalog, herald: int) -> NoReturn:
@@ -404,7 +405,7 @@ def _serve(conn: Connection, catalog: VoiceCatalog) -> None:
             model = catalog.synthesizer(voice).model
             job = PieceJob(torch.from_numpy(plain["z"]), plain["start"], plain["end"],
                            None if plain["g"] is None else torch.from_numpy(plain["g"]),
-                           plain["gain"])
+                           plain["gain"], plain["flowed"])
             for samples, last in job.decode(model, WINDOW):
                 conn.send(("audio", job_id, (samples, last)))
         except Exception as e:  # the playing lane raises it
