@@ -32,7 +32,7 @@ from .vits import WN, Conv, ResidualCouplingBlock, ResidualCouplingLayer, tanh
 BLOCKS = 2  # channel blocks a product is cut into: one per thread
 
 
-class _Coupling:
+class _CouplingRows:
     """One coupling layer run backwards over all frames, as time-major rows ``[t, c]``."""
 
     def __init__(self, layer: ResidualCouplingLayer, g: Tensor | None, frames: int) -> None:
@@ -109,7 +109,7 @@ def reverse_shared(flow: ResidualCouplingBlock, z: Tensor, g: Tensor | None,
     flip = False
     for step in reversed(flow.flows):
         if isinstance(step, ResidualCouplingLayer):
-            phases += _Coupling(step, g, t).phases(x, flip)
+            phases += _CouplingRows(step, g, t).phases(x, flip)
             flip = False
         else:
             flip = not flip
