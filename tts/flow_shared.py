@@ -28,6 +28,7 @@ from torch import Tensor
 
 from .sharing import Phases, Task
 from .vits import WN, Conv, ResidualCouplingBlock, ResidualCouplingLayer, tanh
+from .vits.layers import tap_products
 
 BLOCKS = 2  # channel blocks a product is cut into: one per thread
 
@@ -67,9 +68,6 @@ class _CouplingRows:
 
     def _gate(self, i: int, a: int, b: int) -> None:
         w, biases = _weights(self.wn.in_layers[i])
-        out, c, k = w.shape
-        windows = self.hp.as_strided((self.t, k * c), (c, 1))
-        flat = w.permute(0, 2, 1).reshape(out, k * c)  # a view ([out][k][in])
         h = self.h
         halves = []
         for lo in (a, h + a):  # the block's tanh columns, then its sigmoid columns
@@ -77,7 +75,7 @@ class _CouplingRows:
             bias = biases[lo:hi]
             if self.cond is not None:
                 bias = bias + self.cond[0, i * 2 * h + lo : i * 2 * h + hi]
-            halves.append(torch.addmm(bias, windows, flat[lo:hi].t()))
+            halves.append(tap_products(self.hp, w[lo:hi], bias, 1))
         torch.mul(tanh(halves[0]), torch.sigmoid(halves[1]), out=self.acts[:, a:b])
 
     def _res_skip(self, i: int, a: int, b: int) -> None:
