@@ -1,7 +1,6 @@
 """The relative-attention bands: the diagonals -w..w of a score matrix read out and added in
 place, checked entry by entry against their definition for every length around the edge
-cases (shorter than the band, the band just fitting, long), for the whole matrix and for
-blocks of its rows (as the encoder's row blocks use them)."""
+cases (shorter than the band, the band just fitting, long)."""
 
 from __future__ import annotations
 
@@ -25,15 +24,6 @@ def test_diagonals_read_and_add_what_they_define(t: int) -> None:
             if 0 <= col < t:
                 expected_read[:, i, j] = m[:, i, col]
                 expected_sum[:, i, col] += band[:, i, j]
-    for cuts in ([0, t], [0, t // 2, t], [0, 1, min(t, w + 1), t], [0, max(0, t - w - 1), t]):
-        for a, b in zip(cuts, cuts[1:]):
-            if b > a:
-                assert torch.equal(_diagonals(m[:, a:b].contiguous(), w, a),
-                                   expected_read[:, a:b]), (a, b)
     assert torch.equal(_diagonals(m, w), expected_read)
-    for a, b in ((0, t // 2), (t // 2, t)):
-        block = m[:, a:b].clone()
-        _add_diagonals(block, band[:, a:b], w, a)
-        assert torch.equal(block, expected_sum[:, a:b]), (a, b)
     _add_diagonals(m, band, w)
     assert torch.equal(m, expected_sum)

@@ -1,7 +1,7 @@
 """The text encoder shared with a second thread (``tts.sharing``): the phases' rules (every
 task once, a phase only after the one before, failures raised), the encoder's result
-independent of who ran which block, and the lanes lending the thread only to a sentence begun
-with nothing at the helpers."""
+independent of who ran which block of columns, and the lanes lending the thread only to a
+sentence begun with nothing at the helpers."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import tts.lanes as lanes_module
 import tts.sharing as sharing_module
 from tts import SynthesisOptions
 from tts.sharing import Phases, SharingThread, in_order, sharing_thread
-from tts.vits.enc_p import SHARED_ROWS, row_blocks
+from tts.vits.enc_p import SHARED_IDS, column_blocks
 
 
 @pytest.fixture(autouse=True)
@@ -109,16 +109,15 @@ def test_a_call_while_the_thread_is_in_use_runs_on_its_own_thread() -> None:
 
 
 def test_the_blocks_depend_on_the_length_alone() -> None:
-    assert row_blocks(SHARED_ROWS - 1) == [(0, SHARED_ROWS - 1)]
-    blocks = row_blocks(399)
-    assert blocks == [(0, 199), (199, 399)]
-    half = SHARED_ROWS // 2
-    assert row_blocks(SHARED_ROWS) == [(0, half), (half, SHARED_ROWS)]
+    assert column_blocks(192, SHARED_IDS - 1) == [slice(0, 192)]
+    assert column_blocks(192, SHARED_IDS) == [slice(0, 96), slice(96, 192)]
+    assert column_blocks(768, 399) == [slice(0, 384), slice(384, 768)]
+    assert column_blocks(5, 399) == [slice(0, 3), slice(3, 5)]
 
 
 def test_the_encoder_gives_the_same_rows_whoever_runs_its_blocks(synth) -> None:  # type: ignore[no-untyped-def]
     ids = torch.tensor(synth.sentences(LONG_SENTENCE)[0])
-    assert len(row_blocks(len(ids))) == 2
+    assert len(column_blocks(192, len(ids))) == 2
     sharing = SharingThread()
     runs, give_up = 0, time.monotonic() + 60  # until the second thread ran a block
     with torch.inference_mode():
@@ -155,10 +154,10 @@ def test_the_lanes_lend_the_thread_to_a_sentence_begun_with_nothing_at_the_helpe
     one_lane, one_lent = audio(1)
     helped, two_lent = audio(2)
     assert none_lent == one_lent == []
-    # The first sentence's encoder only (all its phases, in two blocks: it is long); the
-    # second is handed out while a helper decodes. That the second thread then takes
-    # blocks is the encoder test's.
-    assert two_lent == [3 * len(synth.model.enc_p.encoder.attn_layers)]
+    # The first sentence's encoder only (all its phases, four a layer); the second is
+    # handed out while a helper decodes. That the second thread then takes blocks is the
+    # encoder test's.
+    assert two_lent == [4 * len(synth.model.enc_p.encoder.attn_layers)]
     # Windows follow the clock, so these join within float rounding, not bit for bit; the
     # encoder's rows are the same bit for bit (above), so every duration is too.
     assert len(plain) == len(one_lane) == len(helped)

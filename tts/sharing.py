@@ -1,11 +1,13 @@
 """A second thread of this process that shares phases of tasks with the thread that runs
-them: the text encoder's row blocks (``tts.vits.enc_p``) on the core a synthesis's idle
-helper would otherwise leave unused.
+them: the text encoder's blocks of columns (``tts.vits.enc_p``) on the core a synthesis's
+idle helper would otherwise leave unused, and a short sentence's flow made whole
+(``tts.flow_shared``).
 
 The encoder runs once per sentence, on its playing lane, before the sentence's first audio,
-and no helper has anything to decode then. For a long sentence its matrix products are large
-enough that two threads of one process gain despite the interpreter's lock: each product
-releases it for its whole length.
+and no helper has anything to decode then. Its matrix products are large enough that two
+threads of one process gain despite the interpreter's lock: each product releases it for its
+whole length. Small operations between them contend for it, which is why the encoder's
+attention goes through few (``tts.vits.enc_p._diagonals``).
 
 * **Tasks are claimed, not assigned.** Each phase's tasks are free for either thread to
   take, the calling thread from the front, the second one from the back. A second thread
@@ -19,7 +21,7 @@ releases it for its whole length.
   took turns on one core, and sharing gained half as much.
 * **A short poll before sleeping** (``SPIN``). A thread that sleeps on a lock between two
   phases is woken by the other a millisecond or more later on a virtual machine whose
-  cores have been idle; a phase is 1-5 ms of work.
+  cores have been idle; a phase is a fraction of a millisecond to a few of work.
 """
 
 from __future__ import annotations

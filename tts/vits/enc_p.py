@@ -3,6 +3,7 @@ through transformer layers with relative-position attention."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from functools import partial
@@ -10,7 +11,6 @@ from typing import cast
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from ..sharing import Phases, in_order
 from .config import VitsConfig
@@ -18,9 +18,9 @@ from .layers import LayerNorm, RowConv
 
 
 class MultiHeadAttention(nn.Module):
-    """Self-attention with windowed relative position embeddings shared by all heads, run
-    by blocks of rows (``Encoder``): the projections of a block's rows (``project``), then
-    its rows' attention over the keys and values of all rows (``attend``)."""
+    """Self-attention with windowed relative position embeddings shared by all heads, run a
+    head at a time or all at once (``Encoder``): the projections (``project``), then the
+    heads' attention (``attend``), then the output projection (``conv_o``)."""
 
     def __init__(self, channels: int, n_heads: int, window_size: int) -> None:
         super().__init__()
@@ -35,129 +35,113 @@ class MultiHeadAttention(nn.Module):
         self.emb_rel_k = nn.Parameter(torch.zeros(rel_shape))
         self.emb_rel_v = nn.Parameter(torch.zeros(rel_shape))
 
-    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Rows ``[m, d]`` -> their queries (scaled), keys and values, each ``[m, d]``."""
-        q = self.conv_q.rows(x).mul_(1 / math.sqrt(self.k_channels))
-        return q, self.conv_k.rows(x), self.conv_v.rows(x)
+    def head_channels(self) -> list[slice]:
+        """Each head's channels of the queries, keys and values."""
+        k = self.k_channels
+        return [slice(i * k, (i + 1) * k) for i in range(self.n_heads)]
 
-    def attend(self, q: Tensor, first: int, keys: Tensor, values: Tensor) -> Tensor:
-        """The output ``[m, d]`` of rows ``first .. first + m`` of the sequence, from their
-        queries ``q`` and the keys and values of all its rows (``[t, d]``)."""
-        (m, d), t = q.shape, keys.shape[0]
-        h, k, w = self.n_heads, self.k_channels, self.window_size
-        q = q.view(m, h, k).transpose(0, 1)  # [h, m, k]
+    def project(self, x: Tensor, heads: slice = slice(None)) -> tuple[Tensor, Tensor, Tensor]:
+        """Rows ``[t, d]`` -> their queries (scaled), keys and values, each ``[t, d]``; or
+        only the channels ``heads`` of them, those of some of the heads."""
+        q = self.conv_q.rows(x, heads).mul_(1 / math.sqrt(self.k_channels))
+        return q, self.conv_k.rows(x, heads), self.conv_v.rows(x, heads)
+
+    def attend(self, q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+        """The heads' outputs side by side ``[t, d]``, before the output projection, of as
+        many heads as the queries, keys and values (``[t, d]`` each) have channels for."""
+        t, d = q.shape
+        k, w = self.k_channels, self.window_size
+        h = d // k
+        q = q.view(t, h, k).transpose(0, 1)  # [h, t, k]
         key = keys.view(t, h, k).transpose(0, 1)
         v = values.view(t, h, k).transpose(0, 1)
         # Relative positions beyond +-window have zero embeddings: only the 2w+1 diagonals
         # around the main one get a relative term, which goes in and out through
-        # [m, 2w+1] bands (``_diagonals``, ``_add_diagonals``) with one product each instead
+        # [t, 2w+1] bands (``_diagonals``, ``_add_diagonals``) with one product each instead
         # of building Piper's [t, 2t-1] relative matrices.
-        scores = torch.bmm(q, key.transpose(1, 2))  # [h, m, t]
-        _add_diagonals(scores, q @ self.emb_rel_k[0].transpose(0, 1), w, first)
+        scores = torch.bmm(q, key.transpose(1, 2))  # [h, t, t]
+        _add_diagonals(scores, q @ self.emb_rel_k[0].transpose(0, 1), w)
         p_attn = torch.softmax(scores, dim=-1)
-        out = torch.baddbmm(_diagonals(p_attn, w, first) @ self.emb_rel_v[0], p_attn, v)
-        return self.conv_o.rows(out.transpose(0, 1).reshape(m, d))
+        out = torch.baddbmm(_diagonals(p_attn, w) @ self.emb_rel_v[0], p_attn, v)
+        return out.transpose(0, 1).reshape(t, d)
 
 
-# The diagonals -w..w of a block of rows of a score matrix ([h, n, t]: rows first .. first + n
-# of a [t, t] matrix, for each head), as the rows of [h, n, 2w+1]. For the rows at least w
-# from either edge of the matrix they are a strided view of the block itself (row i starts
-# at column first + i - w); only the rows within w of an edge, whose diagonals leave the
-# matrix, go through a small copy padded with zeros (``_band``). For a long sentence this
-# spares a padded copy of the whole matrix (a megabyte a layer) each way.
+# The diagonals -w..w of a score matrix ([h, t, t], for each head) as the rows of
+# [h, t, 2w+1], zero where a diagonal leaves the matrix. Both ways go through the flat
+# positions of the entries inside it, one gather or one indexed add a call: attention is
+# dozens of small operations a head, and the interpreter's lock between them is what two
+# threads sharing the encoder contend for (55 ids: 75 -> 35 us a call, bench/README.md).
 
 
-def _diagonals(m: Tensor, w: int, first: int = 0) -> Tensor:
-    """Diagonals -w..w of ``m`` ``[h, n, t]`` (rows ``first ..``) as ``[h, n, 2w + 1]``,
-    zero outside the matrix."""
-    h, n, _ = m.shape
-    out = m.new_empty(h, n, 2 * w + 1)
-    lo, hi = _inner_rows(m, w, first)
-    if hi > lo:
-        out[:, lo:hi] = _inner_diagonals(m, w, first, lo, hi)
-    for a, b in ((0, lo), (hi, n)):
-        if b > a:
-            out[:, a:b] = _band(F.pad(m[:, a:b], (w, w)), w, first + a)
-    return out
+@functools.lru_cache(maxsize=64)
+def _band_index(t: int, w: int) -> tuple[Tensor, Tensor]:
+    """Where the entries (i, i + j - w) that are inside a [t, t] matrix sit in it laid
+    flat, and in the [t, 2w + 1] band laid flat."""
+    i = torch.arange(t).unsqueeze(1)
+    j = torch.arange(2 * w + 1).unsqueeze(0)
+    col = i + j - w
+    inside = (col >= 0) & (col < t)
+    return (i * t + col)[inside], (i * (2 * w + 1) + j)[inside]
 
 
-def _add_diagonals(m: Tensor, band: Tensor, w: int, first: int = 0) -> None:
-    """``m[:, i, first + i + j - w] += band[:, i, j]`` in place, where that is inside ``m``."""
-    n, t = m.shape[1:]
-    lo, hi = _inner_rows(m, w, first)
-    if hi > lo:
-        _inner_diagonals(m, w, first, lo, hi).add_(band[:, lo:hi])
-    for a, b in ((0, lo), (hi, n)):
-        if b > a:
-            block = F.pad(m[:, a:b], (w, w))
-            _band(block, w, first + a).add_(band[:, a:b])
-            m[:, a:b] = block[:, :, w : w + t]
+def _diagonals(m: Tensor, w: int) -> Tensor:
+    """Diagonals -w..w of ``m`` ``[h, t, t]`` as ``[h, t, 2w + 1]``, zero outside it."""
+    h, t, _ = m.shape
+    at, into = _band_index(t, w)
+    out = m.new_zeros(h, t * (2 * w + 1))
+    out[:, into] = m.reshape(h, t * t)[:, at]
+    return out.view(h, t, 2 * w + 1)
 
 
-def _inner_rows(m: Tensor, w: int, first: int) -> tuple[int, int]:
-    """The block's rows ``lo .. hi`` (counted in the block) whose diagonals -w..w are all
-    inside the matrix."""
-    n, t = m.shape[1:]
-    lo = min(n, max(0, w - first))
-    return lo, max(lo, min(n, t - w - first))
-
-
-def _inner_diagonals(m: Tensor, w: int, first: int, lo: int, hi: int) -> Tensor:
-    """Rows lo..hi of ``_diagonals(m, w, first)``, as a view of ``m``."""
-    h, n, t = m.shape
-    assert m.is_contiguous()
-    return m.as_strided((h, hi - lo, 2 * w + 1), (n * t, t + 1, 1),
-                        m.storage_offset() + lo * t + first + lo - w)
-
-
-def _band(padded: Tensor, w: int, first: int) -> Tensor:
-    """Diagonals -w..w of rows ``first ..`` of a matrix, from those rows padded by w columns
-    each side (contiguous ``[h, rows, t + 2w]``), as a ``[h, rows, 2w + 1]`` view.
-
-    Row i of the view holds padded[i, first + i : first + i + 2w + 1], i.e. the entries
-    (first + i, first + i - w .. first + i + w) of the unpadded rows; the ones outside them
-    fall into the padding.
-    """
-    h, rows, n = padded.shape
-    return padded.as_strided((h, rows, 2 * w + 1), (rows * n, n + 1, 1),
-                             padded.storage_offset() + first)
+def _add_diagonals(m: Tensor, band: Tensor, w: int) -> None:
+    """``m[:, i, i + j - w] += band[:, i, j]`` in place, where that is inside ``m``."""
+    h, t, _ = m.shape
+    at, into = _band_index(t, w)
+    m.view(h, t * t).index_add_(1, at, band.reshape(h, -1)[:, into])
 
 
 class FFN(nn.Module):
+    """The feed-forward part: two 'same' convolutions over the rows, a ReLU between."""
+
     def __init__(self, channels: int, filter_channels: int, kernel_size: int) -> None:
         super().__init__()
         assert kernel_size % 2 == 1, "Piper voices use odd feed-forward kernels"
         self.conv_1 = RowConv(channels, filter_channels, kernel_size, padding=kernel_size // 2)
         self.conv_2 = RowConv(filter_channels, channels, kernel_size, padding=kernel_size // 2)
-        self.reach = 2 * (kernel_size // 2)  # rows each side an output row depends on
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.conv_2.rows(torch.relu_(self.conv_1.rows(x)))
 
 
-# Sentences of at least this many ids (about 3 s of speech) run the encoder in two blocks of
-# rows, which two threads can share (``tts.sharing``); shorter ones in one. Two blocks on
-# one thread cost 3-5 ms more than one (each product's fixed cost is paid twice). Shared,
-# after an idle pause, the encoder took 23 ms against 26 whole at 128 ids, 21 against 29 at
-# 160, and a synthesis's first audio came 7 ms sooner at 129 ids, 29 ms at 399; below 128
-# the gain was a millisecond (bench/README.md).
-SHARED_ROWS = 128
+# Sentences of at least this many ids (about 3 s of speech) cut each layer's products into
+# blocks of output channels, each block a task that a second thread may take
+# (``tts.sharing``): a head's projections and attention, then each half of the output
+# projection's and the feed-forward products' channels. Cut by columns, every product keeps
+# all the rows: by rows, in two blocks, a sentence's products ran slower on one thread
+# (399 ids on AVX2: 216 ms against 211 by columns, the first audio of the long sentence at
+# one lane 6 ms sooner by columns) and no faster on two (120 against 122 ms). Shorter ones
+# run in one block: after an idle pause two threads did not gain on them (55 ids: 34 ms
+# shared against 32 in one block), and cut in two they cost one thread 10-15% more
+# (bench/README.md).
+SHARED_IDS = 128
 
 
-def row_blocks(t: int) -> list[tuple[int, int]]:
-    """The blocks of rows the encoder runs a sentence of ``t`` ids in. They depend on ``t``
-    alone, never on how many threads run them: a matrix product's rounding may depend on
-    how many rows it is given, so the blocks, not the threads, decide the result."""
-    return [(0, t)] if t < SHARED_ROWS else [(0, t // 2), (t // 2, t)]
+def column_blocks(channels: int, t: int) -> list[slice]:
+    """The blocks of output channels a product over ``t`` rows is cut into. They depend on
+    the layer and ``t`` alone, never on how many threads run them: a matrix product's
+    rounding may depend on how many columns it is given, so the blocks, not the threads,
+    decide the result."""
+    if t < SHARED_IDS:
+        return [slice(0, channels)]
+    half = -(-channels // 2)
+    return [slice(0, half), slice(half, channels)]
 
 
 class Encoder(nn.Module):
-    """The transformer layers, each run as three phases over blocks of rows (``row_blocks``):
-    every row's projections; every row's attention, with its residual and norm; every
-    row's feed-forward part (which reads ``FFN.reach`` rows of its neighbours each side),
-    with its residual and norm. Within a phase the blocks are independent, so a block is
-    a task another thread may take (``tts.sharing``); the result is the same whoever runs
-    it."""
+    """The transformer layers, each run as four phases of tasks that each write their own
+    block of columns (``column_blocks``): the heads' projections and attention (a head a
+    task when the products are cut); the output projection and residual; the feed-forward
+    part's first product; its second and the residual. Within a phase the tasks are
+    independent, so a task is one another thread may take (``tts.sharing``); the result is
+    the same whoever runs it. A layer norm needs whole rows, so it is left to the next
+    phase, whose tasks each compute it (the first also keeps it for a later residual)."""
 
     def __init__(self, c: VitsConfig) -> None:
         super().__init__()
@@ -170,41 +154,52 @@ class Encoder(nn.Module):
             FFN(hc, c.filter_channels, c.kernel_size) for _ in range(c.n_layers)
         )
         self.norm_layers_2 = nn.ModuleList(LayerNorm(hc) for _ in range(c.n_layers))
+        self.filter_channels = c.filter_channels
 
     def forward(self, x: Tensor, run: Callable[[Phases], None] = in_order) -> Tensor:
-        t = x.shape[0]
-        blocks = row_blocks(t)
-        x = x.clone()  # each layer's output goes back into it, block by block
-        after_attention = torch.empty_like(x)
-        keys, values = torch.empty_like(x), torch.empty_like(x)
-        queries: list[Tensor] = [x] * len(blocks)  # each block's own, from its projections
+        t, d = x.shape
+        x = x.clone()  # a layer's input: its attention's residual
+        heads = torch.empty_like(x)  # the heads' outputs, before the output projection
+        pre = torch.empty_like(x)  # a residual sum, before its norm
+        y = torch.empty_like(x)  # after the attention's norm: the feed-forward's residual
+        hidden = x.new_empty(t, self.filter_channels)
 
-        def project(i: int, attn: MultiHeadAttention) -> None:
-            a, b = blocks[i]
-            queries[i], keys[a:b], values[a:b] = attn.project(x[a:b])
+        def attend(attn: MultiHeadAttention, before: LayerNorm | None, cols: slice) -> None:
+            rows = x if before is None else before(pre)
+            if before is not None and cols.start == 0:
+                x.copy_(rows)  # the other tasks of the phase read their own ``rows``
+            heads[:, cols] = attn.attend(*attn.project(rows, cols))
 
-        def attend(i: int, attn: MultiHeadAttention, norm: LayerNorm) -> None:
-            a, b = blocks[i]
-            y = attn.attend(queries[i], a, keys, values).add_(x[a:b])
-            after_attention[a:b] = norm(y)
+        def output(attn: MultiHeadAttention, cols: slice) -> None:
+            pre[:, cols] = attn.conv_o.rows(heads, cols).add_(x[:, cols])
 
-        def feed(i: int, ffn: FFN, norm: LayerNorm) -> None:
-            (a, b), y = blocks[i], after_attention
-            lo, hi = max(0, a - ffn.reach), min(t, b + ffn.reach)
-            x[a:b] = norm(ffn(y[lo:hi])[a - lo : b - lo].add_(y[a:b]))
+        def expand(ffn: FFN, norm: LayerNorm, cols: slice) -> None:
+            rows = norm(pre)
+            if cols.start == 0:
+                y.copy_(rows)
+            hidden[:, cols] = torch.relu_(ffn.conv_1.rows(rows, cols))
 
+        def contract(ffn: FFN, cols: slice) -> None:
+            pre[:, cols] = ffn.conv_2.rows(hidden, cols).add_(y[:, cols])
+
+        cut = len(column_blocks(d, t)) > 1
         phases: list[list[Callable[[], None]]] = []
-        each = range(len(blocks))
-        for attn, norm1, ffn, norm2 in zip(
-            self.attn_layers, self.norm_layers_1, self.ffn_layers, self.norm_layers_2
-        ):
-            phases += [[partial(project, i, cast(MultiHeadAttention, attn)) for i in each],
-                       [partial(attend, i, cast(MultiHeadAttention, attn),
-                                cast(LayerNorm, norm1)) for i in each],
-                       [partial(feed, i, cast(FFN, ffn), cast(LayerNorm, norm2))
-                        for i in each]]
-        (run if len(blocks) > 1 else in_order)(phases)  # one block: nothing to share
-        return x
+        before: LayerNorm | None = None  # the norm the layer's input is still owed
+        for attn_, norm1_, ffn_, norm2_ in zip(self.attn_layers, self.norm_layers_1,
+                                               self.ffn_layers, self.norm_layers_2):
+            attn, norm1 = cast(MultiHeadAttention, attn_), cast(LayerNorm, norm1_)
+            ffn, norm2 = cast(FFN, ffn_), cast(LayerNorm, norm2_)
+            heads_of = attn.head_channels() if cut else [slice(0, d)]
+            phases += [[partial(attend, attn, before, c) for c in heads_of],
+                       [partial(output, attn, c) for c in column_blocks(d, t)],
+                       [partial(expand, ffn, norm1, c)
+                        for c in column_blocks(self.filter_channels, t)],
+                       [partial(contract, ffn, c) for c in column_blocks(d, t)]]
+            before = norm2
+        (run if cut else in_order)(phases)  # one block a phase: nothing to share
+        assert before is not None
+        out: Tensor = before(pre)
+        return out
 
 
 class TextEncoder(nn.Module):

@@ -53,21 +53,27 @@ class RowConv(nn.Conv1d):
         w = self.weight.detach()
         self.weight = nn.Parameter(w.permute(2, 0, 1).contiguous().permute(1, 2, 0))
 
-    def rows(self, x: Tensor) -> Tensor:
+    def rows(self, x: Tensor, out: slice = slice(None)) -> Tensor:
+        """``out``: only these output channels (a block of columns another thread may
+        compute beside the rest, ``tts.vits.enc_p``); each tap's weight rows for a block
+        are still one contiguous matrix."""
         k, d = self.kernel_size[0], _as_int(self.dilation)
-        w, t = self.weight, x.shape[0]
+        w, bias, t = self.weight, self.bias, x.shape[0]
+        if out != slice(None):
+            w, bias = w[out], None if bias is None else bias[out]
         if k == 1:
-            return F.linear(x, w[:, :, 0], self.bias)
+            return F.linear(x, w[:, :, 0], bias)
         r = _padding(k, d)
         centre = r // d
         depthwise = self.groups > 1
         if depthwise:
             assert self.groups == self.in_channels == self.out_channels
+            assert out == slice(None), "a depthwise convolution is not cut by channels"
             y = x * w[:, 0, centre]
-            if self.bias is not None:
-                y += self.bias
+            if bias is not None:
+                y += bias
         else:
-            y = F.linear(x, w[:, :, centre], self.bias)
+            y = F.linear(x, w[:, :, centre], bias)
         for j in range(k):
             shift = j * d - r  # output row i takes input row i + shift
             if j == centre or abs(shift) >= t:
