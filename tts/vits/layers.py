@@ -190,6 +190,8 @@ class Conv(nn.Conv1d):
         dilation = _as_int(self.dilation)
         if self.as_products:
             return self._products(x, pad, dilation)
+        if self.out_channels == 1 and x.shape[0] == 1:
+            return self._to_one(x, pad, dilation)
         if dilation > 1 and _ONEDNN:
             return torch.mkldnn_convolution(x, self.weight4(), self.bias, (0, pad), (1, 1),
                                             (1, dilation), 1)
@@ -211,6 +213,25 @@ class Conv(nn.Conv1d):
             rows = F.pad(rows, (0, 0, pad, pad))
         y = tap_products(rows, self.weight.detach(), self.bias, dilation)
         return y.view(1, 1, y.shape[0], y.shape[1]).permute(0, 3, 1, 2)
+
+    def _to_one(self, x: Tensor, pad: int, dilation: int) -> Tensor:
+        """A convolution to one channel (the generator's last, 32 -> 1 over every sample) as
+        one product of the taps with the rows, ``[k, t]``, whose diagonals summed are the
+        output: ``y[i] = sum_j p[j, i + j * dilation]``. oneDNN's convolution to one channel
+        took 0.6 ms over a piece of 4,096 samples on AVX2, the product and the sum 0.14."""
+        _, c, _, t = x.shape
+        rows = x.permute(0, 2, 3, 1).reshape(t, c)  # a view of channels-last memory
+        if pad:
+            rows = F.pad(rows, (0, 0, pad, pad))
+            t += 2 * pad
+        k = self.kernel_size[0]
+        taps = self.weight.detach()[0].t()  # [k, c], contiguous in the [out][k][in] storage
+        p = torch.mm(taps, rows.t())
+        n = t - dilation * (k - 1)
+        y = p.as_strided((k, n), (t + dilation, 1)).sum(0)
+        if self.bias is not None:
+            y += self.bias
+        return y.view(1, 1, 1, n)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() == 3:
