@@ -21,7 +21,7 @@ attention goes through few (``tts.vits.enc_p._diagonals``).
   took turns on one core, and sharing gained half as much.
 * **A short poll before sleeping** (``SPIN``). A thread that sleeps on a lock between two
   phases is woken by the other a millisecond or more later on a virtual machine whose
-  cores have been idle; a phase is a fraction of a millisecond to a few of work.
+  cores have been idle; a phase takes from a fraction of a millisecond to a few.
 """
 
 from __future__ import annotations

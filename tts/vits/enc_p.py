@@ -73,7 +73,7 @@ class MultiHeadAttention(nn.Module):
 # threads sharing the encoder contend for (55 ids: 75 -> 35 us a call, bench/README.md).
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=8)  # a sentence's layers all ask for its length
 def _band_index(t: int, w: int) -> tuple[Tensor, Tensor]:
     """Where the entries (i, i + j - w) that are inside a [t, t] matrix sit in it laid
     flat, and in the [t, 2w + 1] band laid flat."""
@@ -114,12 +114,11 @@ class FFN(nn.Module):
 # blocks of output channels, each block a task that a second thread may take
 # (``tts.sharing``): a head's projections and attention, then each half of the output
 # projection's and the feed-forward products' channels. Cut by columns, every product keeps
-# all the rows: by rows, in two blocks, a sentence's products ran slower on one thread
-# (399 ids on AVX2: 216 ms against 211 by columns, the first audio of the long sentence at
-# one lane 6 ms sooner by columns) and no faster on two (120 against 122 ms). Shorter ones
-# run in one block: after an idle pause two threads did not gain on them (55 ids: 34 ms
-# shared against 32 in one block), and cut in two they cost one thread 10-15% more
-# (bench/README.md).
+# all the rows: by rows, in two blocks, the products ran slower on one thread (161 ids on
+# AVX2: 90 ms against 83 by columns) and no faster on two (399 ids: 156 against 139 ms),
+# and a long sentence's first audio came 6-19 ms later. Shorter ones run in one block:
+# after an idle pause two threads did not gain on them (55 ids: 34 ms shared against 32 in
+# one block), and cut in two they cost one thread 10-15% more (bench/README.md).
 SHARED_IDS = 128
 
 
@@ -129,7 +128,7 @@ def column_blocks(channels: int, t: int) -> list[slice]:
     rounding may depend on how many columns it is given, so the blocks, not the threads,
     decide the result."""
     if t < SHARED_IDS:
-        return [slice(0, channels)]
+        return [slice(None)]
     half = -(-channels // 2)
     return [slice(0, half), slice(half, channels)]
 
@@ -164,18 +163,19 @@ class Encoder(nn.Module):
         y = torch.empty_like(x)  # after the attention's norm: the feed-forward's residual
         hidden = x.new_empty(t, self.filter_channels)
 
-        def attend(attn: MultiHeadAttention, before: LayerNorm | None, cols: slice) -> None:
+        def attend(attn: MultiHeadAttention, before: LayerNorm | None, cols: slice,
+                   keep: bool) -> None:
             rows = x if before is None else before(pre)
-            if before is not None and cols.start == 0:
+            if before is not None and keep:
                 x.copy_(rows)  # the other tasks of the phase read their own ``rows``
             heads[:, cols] = attn.attend(*attn.project(rows, cols))
 
         def output(attn: MultiHeadAttention, cols: slice) -> None:
             pre[:, cols] = attn.conv_o.rows(heads, cols).add_(x[:, cols])
 
-        def expand(ffn: FFN, norm: LayerNorm, cols: slice) -> None:
+        def expand(ffn: FFN, norm: LayerNorm, cols: slice, keep: bool) -> None:
             rows = norm(pre)
-            if cols.start == 0:
+            if keep:
                 y.copy_(rows)
             hidden[:, cols] = torch.relu_(ffn.conv_1.rows(rows, cols))
 
@@ -189,11 +189,12 @@ class Encoder(nn.Module):
                                                self.ffn_layers, self.norm_layers_2):
             attn, norm1 = cast(MultiHeadAttention, attn_), cast(LayerNorm, norm1_)
             ffn, norm2 = cast(FFN, ffn_), cast(LayerNorm, norm2_)
-            heads_of = attn.head_channels() if cut else [slice(0, d)]
-            phases += [[partial(attend, attn, before, c) for c in heads_of],
+            heads_of = attn.head_channels() if cut else [slice(None)]
+            phases += [[partial(attend, attn, before, c, i == 0)
+                        for i, c in enumerate(heads_of)],
                        [partial(output, attn, c) for c in column_blocks(d, t)],
-                       [partial(expand, ffn, norm1, c)
-                        for c in column_blocks(self.filter_channels, t)],
+                       [partial(expand, ffn, norm1, c, i == 0)
+                        for i, c in enumerate(column_blocks(self.filter_channels, t))],
                        [partial(contract, ffn, c) for c in column_blocks(d, t)]]
             before = norm2
         (run if cut else in_order)(phases)  # one block a phase: nothing to share
