@@ -23,6 +23,7 @@ from sentences import LONG_SENTENCE
 
 import tts.lanes as lanes_module
 import tts.sharing as sharing_module
+import tts.vits.enc_p as enc_p_module
 from tts import SynthesisOptions
 from tts.sharing import Phases, SharingThread, in_order, sharing_thread
 from tts.vits.enc_p import SHARED_IDS, column_blocks
@@ -128,6 +129,20 @@ def test_the_encoder_gives_the_same_rows_whoever_runs_its_blocks(synth) -> None:
             for a, b in zip(alone, shared):
                 assert torch.equal(a, b)
     assert sharing.shared > 0  # the second thread did run blocks
+
+
+def test_the_encoder_cut_by_columns_computes_it_whole(synth,  # type: ignore[no-untyped-def]
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cut into a head a task and halves of the products' columns, the encoder computes what
+    it does whole (another grouping of the same sums)."""
+    ids = torch.tensor(synth.sentences(LONG_SENTENCE)[0])
+    with torch.inference_mode():
+        cut = synth.model.enc_p(ids)
+        monkeypatch.setattr(enc_p_module, "SHARED_IDS", len(ids) + 1)
+        assert column_blocks(192, len(ids)) == [slice(None)]
+        whole = synth.model.enc_p(ids)
+    for a, b in zip(cut, whole):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_the_lanes_lend_the_thread_to_a_sentence_begun_with_nothing_at_the_helpers(  # type: ignore[no-untyped-def]
