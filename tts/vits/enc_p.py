@@ -182,8 +182,7 @@ class Encoder(nn.Module):
         def contract(ffn: FFN, cols: slice) -> None:
             pre[:, cols] = ffn.conv_2.rows(hidden, cols).add_(y[:, cols])
 
-        outputs, hiddens = column_blocks(d, t), column_blocks(self.filter_channels, t)
-        cut = len(outputs) > 1
+        cut = len(column_blocks(d, t)) > 1
         phases: list[list[Callable[[], None]]] = []
         before: LayerNorm | None = None  # the norm the layer's input is still owed
         for attn_, norm1_, ffn_, norm2_ in zip(self.attn_layers, self.norm_layers_1,
@@ -193,9 +192,10 @@ class Encoder(nn.Module):
             heads_of = attn.head_channels() if cut else [slice(None)]
             phases += [[partial(attend, attn, before, c, i == 0)
                         for i, c in enumerate(heads_of)],
-                       [partial(output, attn, c) for c in outputs],
-                       [partial(expand, ffn, norm1, c, i == 0) for i, c in enumerate(hiddens)],
-                       [partial(contract, ffn, c) for c in outputs]]
+                       [partial(output, attn, c) for c in column_blocks(d, t)],
+                       [partial(expand, ffn, norm1, c, i == 0)
+                        for i, c in enumerate(column_blocks(self.filter_channels, t))],
+                       [partial(contract, ffn, c) for c in column_blocks(d, t)]]
             before = norm2
         (run if cut else in_order)(phases)  # one block a phase: nothing to share
         assert before is not None
