@@ -1,7 +1,8 @@
 """The text encoder shared with a second thread (``tts.sharing``): the phases' rules (every
-task once, a phase only after the one before, failures raised), the encoder's result
-independent of who ran which block of columns, and the lanes lending the thread only to a
-sentence begun with nothing at the helpers."""
+task once, a phase only after the one before, failures raised), a task begun there while the
+caller goes on, the encoder's result and a long sentence's prior independent of who ran
+which part, and the lanes lending the thread only to a sentence begun with nothing at the
+helpers."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -89,10 +91,8 @@ def test_a_failing_task_is_raised_and_the_thread_serves_the_next_call() -> None:
         assert len(log) == 4
 
 
-def test_a_call_while_the_thread_is_in_use_runs_on_its_own_thread() -> None:
-    sharing = SharingThread()
-    inner: list[tuple[int, int, str]] = []
-    outer: list[tuple[int, int, str]] = []
+def _in_use(sharing: SharingThread) -> threading.Thread:
+    """Another thread's call, running on ``sharing`` for 0.2 s from the return on."""
     started = threading.Event()
 
     def slow() -> None:
@@ -102,11 +102,127 @@ def test_a_call_while_the_thread_is_in_use_runs_on_its_own_thread() -> None:
     other = threading.Thread(target=lambda: sharing.run([[slow]]), name="other")
     other.start()
     started.wait()
+    return other
+
+
+def test_a_call_while_the_thread_is_in_use_runs_on_its_own_thread() -> None:
+    sharing = SharingThread()
+    inner: list[tuple[int, int, str]] = []
+    outer: list[tuple[int, int, str]] = []
+    other = _in_use(sharing)
     sharing.run(_phases(inner, 2, 2, 0.0))
     other.join()
     assert {name for _, _, name in inner} == {threading.current_thread().name}
     sharing.run([_meeting(outer), *_phases(outer, 2, 2, 0.05)])
     assert "herald-sharing" in {name for _, _, name in outer}
+
+
+def test_a_begun_task_runs_on_the_second_thread_while_the_caller_goes_on() -> None:
+    sharing = SharingThread()
+    started, go_on = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def task() -> None:
+        started.set()
+        assert go_on.wait(60), "the caller never went on"
+        ran.append(threading.current_thread().name)
+
+    wait = sharing.begin(task)
+    # The task waits for the caller: had begin run it here, this would never be reached.
+    assert started.wait(60), "the second thread never took the task"
+    go_on.set()
+    wait()
+    assert ran == ["herald-sharing"] and sharing.shared == 1
+
+
+def test_a_begun_task_the_thread_cannot_take_is_run_by_the_wait() -> None:
+    sharing = SharingThread()
+    ran: list[str] = []
+    other = _in_use(sharing)
+    wait = sharing.begin(lambda: ran.append(threading.current_thread().name))
+    assert ran == []  # nothing began: the thread is in use
+    wait()
+    other.join()
+    assert ran == [threading.current_thread().name]
+
+
+def test_a_begun_task_that_fails_raises_in_the_wait_and_frees_the_thread() -> None:
+    sharing = SharingThread()
+    started = threading.Event()
+
+    def broken() -> None:
+        started.set()
+        raise ValueError("broken task")
+
+    wait = sharing.begin(broken)
+    assert started.wait(60)
+    with pytest.raises(ValueError, match="broken task"):
+        wait()
+    log: list[tuple[int, int, str]] = []
+    sharing.run([_meeting(log)])  # needs the second thread: it is free again
+    assert "herald-sharing" in {name for _, _, name in log}
+
+
+def test_a_begun_task_nobody_waits_for_frees_the_thread_when_it_ends() -> None:
+    """A synthesis abandoned after its first window never takes the part begun for it."""
+    sharing = SharingThread()
+    done = threading.Event()
+    sharing.begin(done.set)
+    assert done.wait(60)
+    log: list[tuple[int, int, str]] = []
+    sharing.run([_meeting(log)])  # the second thread must take part: it was let go
+    assert "herald-sharing" in {name for _, _, name in log}
+
+
+def test_the_interpreter_exits_cleanly_while_a_begun_task_runs() -> None:
+    """A daemon thread inside a torch operation when the interpreter finalizes aborts the
+    process ("terminate called without an active exception"): herald stopped right after
+    a client hung up would die with a core dump instead of exiting."""
+    code = (
+        "import time, torch\n"
+        "import tts.sharing as sharing\n"
+        "sharing.core_free = lambda: True\n"
+        "started = time.monotonic()\n"
+        "def task():\n"
+        "    x = torch.ones(64)\n"
+        "    while time.monotonic() < started + 1.0:\n"
+        "        x = x + 1  # each operation lets go of the interpreter's lock\n"
+        "    print('task ended', flush=True)\n"
+        "sharing.SharingThread().begin(task)\n"
+        "time.sleep(0.2)\n"
+        "print('exiting', flush=True)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["exiting", "task", "ended"]  # the exit waited for it
+
+
+def test_a_long_sentences_next_prior_part_begun_elsewhere_is_the_same(synth) -> None:  # type: ignore[no-untyped-def]
+    """Begun on the second thread while the first window would be decoded, the rest of the
+    prior draws its noise in the same order: the parts are those computed in turn."""
+    ids = torch.tensor([synth.sentences(LONG_SENTENCE)[0]])
+    sharing = SharingThread()
+    begun: list[str] = []
+
+    def begin(task: Callable[[], None]) -> Callable[[], None]:
+        def named() -> None:
+            begun.append(threading.current_thread().name)
+            task()
+        return sharing.begin(named)
+
+    def parts(ahead: bool) -> list[torch.Tensor]:
+        with torch.inference_mode():
+            prior = synth.model.prior_parts(ids, None, 0.667, 1.0, 0.8,
+                                            torch.Generator().manual_seed(3))
+            out = [next(prior)]
+            if ahead:
+                prior.begin_next(begin)
+            return out + list(prior)
+
+    plain, ahead = parts(False), parts(True)
+    assert len(plain) == len(ahead) == 2  # a head and the rest
+    assert all(torch.equal(a, b) for a, b in zip(plain, ahead))
+    assert len(begun) == 1
 
 
 def test_the_blocks_depend_on_the_length_alone() -> None:
@@ -152,23 +268,32 @@ def test_the_lanes_lend_the_thread_to_a_sentence_begun_with_nothing_at_the_helpe
     sharing = sharing_thread()
     lent: list[int] = []  # the phases of each encoder run the lanes lent the thread to
 
+    begun: list[int] = []  # the prior parts begun on it
+
     class Counted:
         def run(self, phases: Phases) -> None:
             lent.append(len(phases))
             sharing.run(phases)
 
+        def begin(self, task: Callable[[], None]) -> Callable[[], None]:
+            begun.append(1)
+            return sharing.begin(task)
+
     monkeypatch.setattr(lanes_module, "sharing_thread", Counted)
 
-    def audio(lanes: int | None) -> tuple[np.ndarray, list[int]]:
+    def audio(lanes: int | None) -> tuple[np.ndarray, list[int], int]:
         lent.clear()
+        begun.clear()
         helpers = None if lanes is None else Inline(lanes)
         chunks = [c.samples for c in synth.stream(text, opts, helpers=helpers)]
-        return np.concatenate(chunks), list(lent)
+        return np.concatenate(chunks), list(lent), len(begun)
 
-    plain, none_lent = audio(None)
-    one_lane, one_lent = audio(1)
-    helped, two_lent = audio(2)
-    assert none_lent == one_lent == []
+    plain, none_lent, none_begun = audio(None)
+    one_lane, one_lent, one_begun = audio(1)
+    helped, two_lent, two_begun = audio(2)
+    assert none_lent == one_lent == [] and none_begun == one_begun == 0
+    # The rest of its prior too, while its first window is decoded.
+    assert two_begun == 1
     # The first sentence's encoder only (all its phases, four a layer); the second is
     # handed out while a helper decodes. That the second thread then takes blocks is the
     # encoder test's.
@@ -191,6 +316,11 @@ def test_a_synthesis_leaves_no_tensor_to_the_cyclic_collector(synth) -> None:  #
         for helpers in (None, Inline(2)):
             for _ in synth.stream(LONG_SENTENCE, SynthesisOptions(seed=1), helpers=helpers):
                 pass
+        # Abandoned after its first chunk, with the rest of its prior begun meanwhile.
+        abandoned = synth.stream(LONG_SENTENCE, SynthesisOptions(seed=1), helpers=Inline(2))
+        next(abandoned)
+        abandoned.close()
+        del abandoned
         gc.collect()
         tensors = [o for o in gc.garbage if isinstance(o, torch.Tensor)]
     finally:

@@ -121,7 +121,8 @@ class _Lanes:
         """The next sentence, to be played from its first frame (no helper has it); False if
         there is none. Called only once every span is out, so nothing of this text is with
         the helpers: with two lanes or more, the core a helper would use is free."""
-        taken = self._take_prior(lend=self.helpers is not None and self.helpers.lanes >= 2)
+        lend = self.helpers is not None and self.helpers.lanes >= 2
+        taken = self._take_prior(lend=lend)
         if taken is None:
             return False
         k, latents, g = taken
@@ -130,6 +131,13 @@ class _Lanes:
             # Enough for the first window, its look-ahead and a window after it: then the
             # sentence is known to go on past what the first window reads.
             latents.fill(2 * self.first + dc + fc + 1)
+        if lend and not latents.complete:
+            # The rest of a long sentence's prior (its durations: tens of milliseconds) is
+            # computed on the helper's idle core while the first window is decoded here.
+            # Computed after it, it stood between the first chunk and the second, where a
+            # slow CPU had too little audio in hand to cover it, and the listener heard a
+            # gap (bench/README.md, "Measurements behind the defaults").
+            latents.begin_next(sharing_thread().begin)
         if latents.complete and latents.frames == 0:
             return self._start_playing()  # a sentence of no frames: the next one
         span = _Span(k, latents, g, 0, None)

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from .flow_stream import StreamingFlow
 from .generator_stream import StreamingGenerator
+from .sharing import Task
 from .vits import Vits, nhwc
 
 
@@ -72,6 +73,13 @@ class Latents:
                 self.z = part if self.z is None else torch.cat([self.z, part], dim=-1)
                 self.complete = operator.length_hint(self._parts, -1) == 0
             return self.frames
+
+    def begin_next(self, begin: Callable[[Task], Callable[[], None]]) -> None:
+        """Have the next part computed by ``begin`` meanwhile, if the parts can
+        (``PriorParts.begin_next``); joining it then waits for it."""
+        ahead = getattr(self._parts, "begin_next", None)
+        if ahead is not None and not self.complete:
+            ahead(begin)
 
     @property
     def frames(self) -> int:

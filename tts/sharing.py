@@ -1,7 +1,8 @@
 """A second thread of this process that shares phases of tasks with the thread that runs
 them: the text encoder's blocks of columns (``tts.vits.enc_p``) on the core a synthesis's
 idle helper would otherwise leave unused, and a short sentence's flow made whole
-(``tts.flow_shared``).
+(``tts.flow_shared``). It also takes one task to run while the caller goes on (``begin``):
+the rest of a long sentence's durations while its first window is decoded (``tts.lanes``).
 
 The encoder runs once per sentence, on its playing lane, before the sentence's first audio,
 and no helper has anything to decode then. Its matrix products are large enough that two
@@ -26,6 +27,7 @@ attention goes through few (``tts.vits.enc_p._diagonals``).
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import os
@@ -39,6 +41,7 @@ import torch
 from .threads import prepare_thread
 
 SPIN = 0.002  # seconds a thread polls for the other's tasks of a phase before it sleeps
+EXIT_WAIT = 5.0  # seconds the interpreter's exit waits for a task the second thread runs
 
 Task = Callable[[], None]
 Phases = Sequence[Sequence[Task]]
@@ -63,6 +66,7 @@ class _Run:
         self.done = [0] * len(phases)
         self.busy = 0  # tasks the second thread is running
         self.error: BaseException | None = None  # a task failed: nothing more begins
+        self.background = False  # begun by ``begin``: whoever finishes it lets the thread go
 
     def claim(self, k: int, front: bool) -> Task | None:
         if self.error is not None or self.front[k] >= self.back[k]:
@@ -86,6 +90,8 @@ class SharingThread:
         self._serial = 0  # runs posted, so the second thread takes each one once
         self._in_use = False
         self._thread: threading.Thread | None = None
+        self._owner = 0  # the process whose exit waits for the thread (``_quiesce``)
+        self._closed = False  # the interpreter is exiting: the thread takes no more tasks
         self.shared = 0  # tasks the second thread ran (for tests and benchmarks)
 
     def run(self, phases: Phases) -> None:
@@ -117,11 +123,88 @@ class SharingThread:
         if run.error is not None:
             raise run.error
 
+    def begin(self, task: Task) -> Callable[[], None]:
+        """Begin ``task`` on the second thread while the caller goes on; returns what waits
+        for it to end (raising what it raised). If the second thread has not taken it by
+        then, the waiting thread runs it itself; if the thread is in use or no core is
+        free, nothing begins and the wait runs it. Only the second thread is kept off the
+        caller's core: the caller's own affinity is never changed, as nothing guarantees
+        that the wait is ever called (a synthesis abandoned after its first window)."""
+        with self._changed:
+            if self._in_use or not core_free():
+                run = None
+            else:
+                self._in_use = True
+                run = _Run([[task]])
+                run.background = True
+                self._start()
+                self._off_callers_core()
+                self._run, self._serial = run, self._serial + 1
+                self._changed.notify_all()
+        if run is None:
+            return task
+        begun = run
+
+        def wait() -> None:
+            try:
+                self._work(begun, front=True)
+            finally:
+                self._let_go(begun)
+            if begun.error is not None:
+                raise begun.error
+
+        return wait
+
+    def _let_go(self, run: _Run) -> None:
+        """Once no task of ``run`` is running, the thread is free for the next call."""
+        with self._changed:
+            while run.busy:
+                self._changed.wait()
+            if self._run is run:
+                self._run, self._in_use = None, False
+
+    def _off_callers_core(self) -> None:
+        """Keep the second thread off the core the caller runs on (``_apart``, the caller
+        left as it is)."""
+        assert self._thread is not None
+        here, second = _current_cpu(), self._thread.native_id
+        if here is None or second is None:
+            return
+        try:
+            others = os.sched_getaffinity(0) - {here}
+        except OSError:
+            return
+        if others:
+            _set_affinity(second, others)
+
     def _start(self) -> None:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._serve, name="herald-sharing",
                                             daemon=True)
             self._thread.start()
+            if self._owner != os.getpid():
+                self._owner = os.getpid()
+                atexit.register(self._quiesce)
+
+    def _quiesce(self) -> None:
+        """At the interpreter's exit, let the second thread take no more tasks and wait a
+        while for the one it runs. A daemon thread still inside a torch operation when the
+        interpreter finalizes aborts the whole process: the operation has let go of the
+        interpreter's lock, and a thread that asks for it back then is ended by unwinding
+        C++ frames that must not unwind ("terminate called without an active exception").
+        ``begin`` leaves such a task with no caller waiting for it when a synthesis is
+        abandoned after its first window. A forked child inherits this handler but not the
+        thread: there it does nothing."""
+        if self._owner != os.getpid():
+            return
+        deadline = time.monotonic() + EXIT_WAIT
+        with self._changed:
+            self._closed = True
+            while self._run is not None and self._run.busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._changed.wait(left)
 
     def _apart(self) -> set[int] | None:
         """Keep the two threads on two cores for this call: the caller on the one it runs
@@ -157,6 +240,9 @@ class SharingThread:
                 run, seen = self._run, self._serial
             with torch.inference_mode():
                 self._work(run, front=False)
+            if run.background:
+                self._let_go(run)
+            del run  # nor does a finished run's task stay alive here until the next one
 
     def _work(self, run: _Run, front: bool) -> None:
         """Take tasks of each phase in turn until none is left, then wait for the phase's
@@ -165,7 +251,7 @@ class SharingThread:
         for k in range(len(run.phases)):
             while True:
                 with self._changed:
-                    task = run.claim(k, front)
+                    task = None if self._closed and not front else run.claim(k, front)
                     if task is None:
                         break
                     if not front:

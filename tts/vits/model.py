@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from ..sharing import Phases, in_order
+from ..sharing import Phases, Task, in_order
 from .config import VitsConfig
 from .dec import Generator
 from .dp import DurationPredictor, StochasticDurationPredictor
@@ -32,7 +32,8 @@ class PriorParts(Iterator[Tensor]):
     the generator in large pushes (``tts.pieces.Piece``).
 
     ``run`` runs the text encoder's phases, which the first part computes: on this thread
-    alone unless whoever takes that part has a second core to lend (``tts.lanes``).
+    alone unless whoever takes that part has a second core to lend (``tts.lanes``). With
+    that core, the next part may be computed on it meanwhile (``begin_next``).
     """
 
     def __init__(self, parts: Callable[[Callable[[Phases], None]],
@@ -41,6 +42,18 @@ class PriorParts(Iterator[Tensor]):
         self._parts: Iterator[tuple[Tensor, bool]] = iter(())
         self.done = False  # the last part has been taken
         self.run: Callable[[Phases], None] = in_order
+        self._ahead: tuple[Callable[[], None], list[tuple[Tensor, bool]]] | None = None
+
+    def begin_next(self, begin: Callable[[Task], Callable[[], None]]) -> None:
+        """Begin computing the next part with ``begin`` (``tts.sharing.SharingThread.begin``:
+        on a second thread while this one goes on); taking the part waits for it. After
+        the first part only: the parts draw their noise in order, and nothing else of this
+        sentence's does meanwhile."""
+        if self.done or self._make is not None or self._ahead is not None:
+            return
+        got: list[tuple[Tensor, bool]] = []
+        parts = self._parts  # not ``self``: an abandoned sentence leaves no reference cycle
+        self._ahead = (begin(lambda: got.append(next(parts))), got)
 
     def __iter__(self) -> PriorParts:
         return self
@@ -50,7 +63,13 @@ class PriorParts(Iterator[Tensor]):
             raise StopIteration
         if self._make is not None:  # made now, with the ``run`` set by then
             self._parts, self._make = self._make(self.run), None
-        part, self.done = next(self._parts)
+        if self._ahead is not None:
+            wait, got = self._ahead
+            self._ahead = None
+            wait()
+            part, self.done = got[0]
+        else:
+            part, self.done = next(self._parts)
         return part
 
     def __length_hint__(self) -> int:
