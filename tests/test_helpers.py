@@ -16,11 +16,13 @@ import torch
 from audio_checks import assert_pcm_close, assert_speech, pcm16
 from sentences import LONG_SENTENCE
 
+import tts.lanes as lanes_module
 from daemon.synthesis import deadlines, workers
 from daemon.synthesis.engine import Engine, EngineSettings
 from daemon.synthesis.helpers import WINDOW, HelperPool, Lent
 from tts import SynthesisOptions, to_pcm16
 from tts.pieces import Helping, PieceJob
+from tts.threads import intra_op_available
 
 PARAGRAPH = ("The kitchen lights are on. The front door is locked. It will rain after six. "
              "Your parcel arrives tomorrow morning.")
@@ -51,9 +53,10 @@ def test_pieces_decoded_by_a_helper_process_are_the_same_audio(synth, pool, text
 
 def test_a_short_command_made_whole_reaches_the_helper_through_the_flow(  # type: ignore[no-untyped-def]
         synth, pool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Audio nobody plays before it is all made (an HTTP WAV): the short command's flow runs
-    once, here, and the helper process gets the frames after it, generator only; the audio
-    is the playing lane's alone."""
+    """Audio nobody plays before it is all made (an HTTP WAV): beside a busy process, the
+    short command's flow runs once, here, and the helper process gets the frames after it,
+    generator only; with the helper's core free, the command is made here on two intra-op
+    threads and the helper gets nothing. The audio is the playing lane's alone."""
     text = "Turn on the kitchen lights."
     handed: list[PieceJob] = []
     decode = pool.decode
@@ -68,11 +71,18 @@ def test_a_short_command_made_whole_reaches_the_helper_through_the_flow(  # type
         return b"".join(to_pcm16(c.samples) for c in synth.stream(
             text, SynthesisOptions(seed=4), helpers, whole=True))
 
-    alone, shared = made(None), made(pool)
+    alone = made(None)
+    monkeypatch.setattr(lanes_module, "core_free", lambda: False)
+    shared = made(pool)
     assert [job.flowed for job in handed] == [True]
     assert pool.decoded == 1
     assert_pcm_close(shared, alone)
     assert_speech(pcm16(shared), synth.sample_rate, min_seconds=1)
+    if intra_op_available():
+        monkeypatch.setattr(lanes_module, "core_free", lambda: True)
+        threaded = made(pool)
+        assert len(handed) == 1 and pool.decoded == 1  # nothing more went to the helper
+        assert_pcm_close(threaded, alone)
 
 
 def test_a_helper_killed_midway_leaves_the_audio_whole(synth, pool, caplog) -> None:  # type: ignore[no-untyped-def]

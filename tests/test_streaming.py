@@ -17,8 +17,11 @@ from inline_helpers import Done, Inline
 from sentences import LONG_SENTENCE
 from synthetic_voice import VARIANTS, random_model
 
+import tts.lanes as lanes_module
+import tts.pieces as pieces_module
+import tts.threads as threads_module
 from tts import SynthesisOptions
-from tts.lanes import Prior, decode_sentences
+from tts.lanes import INTRA_CONTEXTS, Prior, decode_sentences
 from tts.pace import Pace, next_end
 from tts.pieces import HelperFailed, Helping, Latents, PieceJob
 from tts.sharing import Phases, in_order
@@ -476,11 +479,14 @@ def test_the_flow_shared_out_by_columns_equals_its_one_shot_reverse(variant: str
             assert whole.abs().max() > 1e-2  # not two silences
 
 
-def test_a_short_sentence_made_whole_is_flowed_once_and_its_pieces_run_the_generator() -> None:
-    """Audio nobody plays before it is all made (first window = largest): a short sentence
-    goes through the flow once, before it is cut, and the helper's piece reads only the
-    generator's context; played as it comes, each piece runs the flow itself (the first
-    audio does not wait for the whole flow). Either way the audio is the one-shot audio."""
+def test_a_short_sentence_made_whole_is_flowed_once_and_its_pieces_run_the_generator(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Audio nobody plays before it is all made (first window = largest), with no core free
+    for intra-op threads (beside a busy process): a short sentence goes through the flow
+    once, before it is cut, and the helper's piece reads only the generator's context;
+    played as it comes, each piece runs the flow itself (the first audio does not wait for
+    the whole flow). Either way the audio is the one-shot audio."""
+    monkeypatch.setattr(lanes_module, "core_free", lambda: False)
     model = random_model(VARIANTS["multi_speaker"])
     torch.manual_seed(10)
     frames = 120
@@ -499,6 +505,43 @@ def test_a_short_sentence_made_whole_is_flowed_once_and_its_pieces_run_the_gener
         assert job.start == dc + (0 if flowed else fc)  # the context it reads before its start
         assert job.z.shape[-1] == frames - frames // 2 + job.start
     assert np.abs(whole).max() > 1e-3
+
+
+def test_a_short_sentence_made_whole_with_a_core_free_is_made_on_intra_op_threads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the helper's core free, a short sentence nobody plays before it is all made is
+    not cut: it is made here on two intra-op threads, the helper's core one of them, and
+    is the one-shot audio. Played as it comes, or longer than ``INTRA_CONTEXTS`` times the
+    context a cut computes again, it is cut for the helper on one thread as before."""
+    if not threads_module.intra_op_available():
+        pytest.skip("this torch build has no GNU OpenMP and MKL to set per thread")
+    monkeypatch.setattr(lanes_module, "core_free", lambda: True)
+    threads_module.prepare_thread()  # one intra-op thread, as a worker has
+    stepped: list[int] = []  # the intra-op threads of each window decoded here
+    step = pieces_module.Piece.step
+
+    def counted(piece: pieces_module.Piece, upto: int, ahead: int = 0) -> None:
+        stepped.append(torch.get_num_threads())
+        step(piece, upto, ahead)
+
+    monkeypatch.setattr(pieces_module.Piece, "step", counted)
+    model = random_model(VARIANTS["multi_speaker"])
+    g = model.speaker_embedding(2)
+    bound = INTRA_CONTEXTS * (model.dec.receptive_field + model.flow.receptive_field)
+    for frames, first, cut in ((120, 96, False), (120, 8, True), (bound + 8, 96, True)):
+        torch.manual_seed(frames)
+        z_p = torch.randn(1, model.config.inter_channels, frames)
+        with torch.inference_mode():
+            whole = np.clip(model.decode(z_p, g)[0, 0].numpy(), -1, 1)
+        helpers = Inline(2)
+        stepped.clear()
+        audio = np.concatenate([c for c, _ in decode_windows(model, z_p, g, first=first,
+                                                             largest=96, helpers=helpers)])
+        assert np.abs(audio - whole).max() < 1e-4, (frames, first)
+        assert np.abs(whole).max() > 1e-3
+        assert len(helpers.handed) == (1 if cut else 0), (frames, first)
+        assert set(stepped) == ({1} if cut else {2}), (frames, first)
+        assert torch.get_num_threads() == 1  # given back
 
 
 def test_a_paced_stream_makes_fewer_windows_and_the_same_audio(synth) -> None:  # type: ignore[no-untyped-def]

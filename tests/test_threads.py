@@ -4,11 +4,15 @@ flushed to zero; the settings are the thread's own."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 import torch
 
-from tts.threads import cores, default_threads, prepare_thread
+from tts.threads import cores, default_threads, intra_op, intra_op_available, prepare_thread
+
+T = TypeVar("T")
 
 SUBNORMAL = 1e-39  # below float32's smallest normal (1.18e-38)
 
@@ -48,3 +52,53 @@ def test_the_settings_belong_to_the_thread() -> None:
 
 def test_one_synthesis_uses_the_cores_up_to_four() -> None:
     assert default_threads() == max(1, min(4, cores()))
+
+
+def _in_a_thread(fn: Callable[[], T]) -> T:
+    got: list[T] = []
+    thread = threading.Thread(target=lambda: got.append(fn()))
+    thread.start()
+    thread.join()
+    return got[0]
+
+
+@pytest.mark.skipif(not intra_op_available(),
+                    reason="this torch build has no GNU OpenMP and MKL to set per thread")
+def test_intra_op_threads_are_the_calling_threads_alone_and_given_back() -> None:
+    """A synthesis on intra-op threads must not spread a worker beside it over the cores:
+    ``torch.set_num_threads`` would (MKL's count is the process's)."""
+    def run() -> tuple[int, int, int, bool]:
+        prepare_thread()
+        with intra_op(2) as used:
+            inside = torch.get_num_threads()
+            beside = _in_a_thread(lambda: (prepare_thread(), torch.get_num_threads())[1])
+        return inside, beside, torch.get_num_threads(), used
+
+    def one() -> bool:
+        prepare_thread()
+        with intra_op(1) as used:
+            return used
+
+    assert _in_a_thread(run) == (2, 1, 1, True)
+    assert _in_a_thread(one) is False  # one thread: nothing to set
+
+
+@pytest.mark.skipif(not intra_op_available(),
+                    reason="this torch build has no GNU OpenMP and MKL to set per thread")
+def test_intra_op_threads_flush_subnormals_like_the_thread_they_serve() -> None:
+    """The OpenMP team of a thread is made by the runtime and kept: one made before the
+    thread flushed subnormals (as a library may make it) does not flush them, and half of a
+    quiet passage would then run at the speed of subnormals."""
+    def run() -> int:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(2)
+        values = torch.full((1 << 20,), SUBNORMAL)
+        assert int((values * 1.0).count_nonzero()) > 0  # the team made, not flushing
+        torch.set_num_threads(1)
+        prepare_thread()
+        with intra_op(2):
+            return int((values * 1.0).count_nonzero())
+
+    if not torch.set_flush_denormal(True):  # pragma: no cover - a CPU without the flag
+        pytest.skip("this CPU cannot flush subnormals")
+    assert _in_a_thread(run) == 0

@@ -11,8 +11,10 @@ work is shared out:
   computed here, their audio there;
 * a sentence the playing lane begins with nothing at the helpers (a text's first) has its
   text encoder shared with a second thread of this process (``tts.sharing``): the core
-  its helper will decode on is free until the sentence's first window is out; so is a
-  short sentence's flow, when nobody plays the audio before it is all made
+  its helper will decode on is free until the sentence's first window is out. A short
+  sentence nobody plays before it is all made is then not cut at all while that core is
+  free: it is made here on intra-op threads (``tts.threads.intra_op``); beside a busy
+  process it is cut, and its flow is made whole first, shared with the second thread
   (``tts.flow_shared``);
 * when the playing lane gets to a span a helper has not begun, it takes it back and decodes
   it itself; of one a helper has begun it takes the audio as it comes, and while none has
@@ -36,7 +38,8 @@ from torch import Tensor
 from .flow_shared import reverse_shared
 from .pace import Pace, next_end
 from .pieces import HelperFailed, Helpers, Helping, Latents, Piece, PieceJob
-from .sharing import sharing_thread
+from .sharing import core_free, sharing_thread
+from .threads import intra_op, intra_op_available
 from .vits import Vits
 from .vits.model import PriorParts
 
@@ -45,6 +48,11 @@ from .vits.model import PriorParts
 # medium voice, is paid again for every cut).
 MIN_PIECE = 48
 FLOW_AHEAD = 256  # frames the flow may run ahead of the generator at most
+# A short sentence nobody plays before it is all made is computed on intra-op threads rather
+# than cut for a helper while it is at most this many times the context a cut computes again
+# (``dc + fc``, 54 frames for a medium voice): two threads within each operation gain ~1.6x
+# over one, two pieces 2x less the context, which the longer sentence pays for.
+INTRA_CONTEXTS = 4
 
 Prior = tuple[Tensor | Iterable[Tensor], Tensor | None]
 """A sentence's prior latent, whole or in parts along time, and its speaker conditioning."""
@@ -71,6 +79,7 @@ class _Span:
     skip: int = 0  # samples a local decode drops (its helper failed after sending them)
     finished: bool = False  # all of its audio made
     shared: bool = False  # what it left of its sentence went to the helpers (if any)
+    intra: int = 0  # made here in one window on this many intra-op threads (``_start_playing``)
 
     @property
     def ends_sentence(self) -> bool:
@@ -142,7 +151,17 @@ class _Lanes:
             return self._start_playing()  # a sentence of no frames: the next one
         span = _Span(k, latents, g, 0, None)
         self.spans.append(span)
-        if latents.complete:  # a short sentence's prior is whole already: share it now
+        if (latents.complete and lend and self.first >= self.largest
+                and latents.frames <= INTRA_CONTEXTS * (dc + fc) and intra_op_available()
+                and core_free()):
+            # A short sentence nobody plays before it is all made, begun with the helpers
+            # idle: made here in one window on their cores as intra-op threads. Cut for a
+            # helper, each half computed the model's context at the cut again, and the flow
+            # made whole before the cut gained little on two threads of the interpreter
+            # (bench/README.md, "Measurements behind the defaults").
+            assert self.helpers is not None
+            span.intra, span.shared = self.helpers.lanes, True
+        elif latents.complete:  # a short sentence's prior is whole already: share it now
             self._share(span, hand_out=False)  # the next sentence once its first audio is out
             self.hand_out_later = True
         return True
@@ -174,7 +193,8 @@ class _Lanes:
                        latents.complete or piece.end is not None)
         before, started = piece.reached, self.pace.clock()
         ahead = 0 if asked is not None else self.pace.flow_ahead(FLOW_AHEAD, piece.flow_ran)
-        piece.step(end, ahead)
+        with intra_op(span.intra if playing else 1):
+            piece.step(end, ahead)
         self.pace.ran(piece.reached - before, self.pace.clock() - started)
         if playing:
             self.planned = min(self.largest, 2 * size)
@@ -262,8 +282,10 @@ class _Lanes:
 
     def _flowed(self, latents: Latents, g: Tensor | None) -> Latents:
         """A short sentence's prior through the flow at once, on this thread and the sharing
-        one (``tts.flow_shared``), for audio nobody plays before it is all made: its pieces
-        then run the generator alone, and none runs the flow over its context again. Not
+        one (``tts.flow_shared``), for audio nobody plays before it is all made that is cut
+        for the helpers (no core was free for intra-op threads, or it is too long to gain
+        by them): its pieces then run the generator alone, and none runs the flow over its
+        context again. Not
         for audio played as it comes: the whole flow before the first window put a short
         command's first audio ~25 ms later, for ~15 ms less in all."""
         with torch.inference_mode():

@@ -7,8 +7,11 @@ this one's event loop) stalls every barrier, and a two-thread synthesis became s
 one-thread one beside a single busy process (bench/README.md). A synthesis uses more cores by
 cutting its sentences into pieces that decode at the same time in helper processes
 (``tts.pieces``, ``daemon.synthesis.helpers``), which never wait for one another mid-window.
-The one place two threads of a process compute together is a long sentence's text encoder,
-in a few large blocks before its first audio, on a core that is free then (``tts.sharing``).
+Two places use more than one core within a process, both only while the other cores are
+free (``tts.sharing.core_free``): a sentence's text encoder, in a few large blocks before
+its first audio, shared with a second thread (``tts.sharing``); and a short sentence that
+nobody plays before it is all made, computed in one window with intra-op threads
+(``intra_op``, ``tts.lanes``), where cutting it for a helper would compute its context twice.
 
 Subnormal floats are flushed to zero on these threads: a quiet passage leaves the generator's
 activations that small, and on x86 each operation on one costs tens of cycles more (a long
@@ -18,7 +21,12 @@ by more than 1e-38.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -56,3 +64,84 @@ def prepare_process() -> None:
     bound_kernel_cache()
     release_startup_code()
     prepare_thread()
+
+
+@dataclass(frozen=True)
+class _IntraOp:
+    """The thread-local thread counts of the OpenMP runtime and of MKL that torch loaded."""
+
+    omp: ctypes.CDLL
+    mkl_local: Callable[[int], int]
+
+
+@functools.cache
+def _intra_op() -> _IntraOp | None:
+    """The libraries torch computes with, as loaded (``/proc/self/maps``): GNU OpenMP, whose
+    ``omp_set_num_threads`` is the calling thread's own, and MKL (in ``libtorch_cpu``), whose
+    ``MKL_Set_Num_Threads_Local`` is too. None where either is missing (a torch build without
+    MKL, as on ARM): there nothing computes on intra-op threads."""
+    omp = mkl = None
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "/" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        name = os.path.basename(path)
+        if omp is None and name.startswith("libgomp"):
+            omp = path
+        elif mkl is None and name.startswith("libtorch_cpu"):
+            mkl = path
+    if omp is None or mkl is None:
+        return None
+    try:
+        gomp, lib = ctypes.CDLL(omp), ctypes.CDLL(mkl)
+        mkl_local = lib.MKL_Set_Num_Threads_Local  # the C entry; the lower-case one is Fortran's
+        gomp.omp_set_num_threads.argtypes = [ctypes.c_int]
+        gomp.GOMP_parallel.argtypes = [_TEAM_TASK, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+        mkl_local.argtypes, mkl_local.restype = [ctypes.c_int], ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return _IntraOp(gomp, mkl_local)
+
+
+def intra_op_available() -> bool:
+    """Whether ``intra_op`` can set this process's threads' counts one by one."""
+    return _intra_op() is not None
+
+
+_TEAM_TASK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def _flush_subnormals(_: object) -> None:
+    torch.set_flush_denormal(True)
+
+
+_FLUSH_SUBNORMALS = _TEAM_TASK(_flush_subnormals)
+
+
+@contextlib.contextmanager
+def intra_op(threads: int) -> Iterator[bool]:
+    """Let the calling thread's torch operations use ``threads`` cores for the block, the
+    thread's own OpenMP and MKL counts set and put back after it; yields whether they could
+    be (``_intra_op``). ``torch.set_num_threads`` would set MKL's count for every thread of
+    the process: measured, a worker thread beside computed its products on two threads too.
+
+    The OpenMP team's threads flush subnormals to zero as this one does (``prepare_thread``).
+    A thread takes the floating-point mode of the thread that starts it, but the runtime
+    keeps a thread's team from one parallel region to the next, and a team started before
+    this thread was prepared would not flush them: so a region of the team's own sets the
+    mode first (measured: half the products of subnormals came out subnormal without it)."""
+    setup = _intra_op() if threads > 1 else None
+    if setup is None:
+        yield False
+        return
+    before = torch.get_num_threads()
+    previous = setup.mkl_local(threads)
+    setup.omp.omp_set_num_threads(threads)
+    try:
+        setup.omp.GOMP_parallel(_FLUSH_SUBNORMALS, None, threads, 0)
+        yield True
+    finally:
+        setup.omp.omp_set_num_threads(before)
+        setup.mkl_local(previous)
