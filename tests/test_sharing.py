@@ -15,11 +15,11 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT
 from inline_helpers import Inline
 from sentences import LONG_SENTENCE
 
@@ -179,20 +179,25 @@ def test_the_interpreter_exits_cleanly_while_a_begun_task_runs() -> None:
     process ("terminate called without an active exception"): herald stopped right after
     a client hung up would die with a core dump instead of exiting."""
     code = (
-        "import time, torch\n"
+        "import threading, time, torch\n"
         "import tts.sharing as sharing\n"
         "sharing.core_free = lambda: True\n"
-        "started = time.monotonic()\n"
+        "running, leaving = threading.Event(), threading.Event()\n"
         "def task():\n"
         "    x = torch.ones(64)\n"
-        "    while time.monotonic() < started + 1.0:\n"
+        "    running.set()\n"
+        "    while not leaving.is_set():\n"
         "        x = x + 1  # each operation lets go of the interpreter's lock\n"
+        "    until = time.monotonic() + 0.5  # on into the interpreter's exit\n"
+        "    while time.monotonic() < until:\n"
+        "        x = x + 1\n"
         "    print('task ended', flush=True)\n"
         "sharing.SharingThread().begin(task)\n"
-        "time.sleep(0.2)\n"
-        "print('exiting', flush=True)\n")
+        "assert running.wait(60), 'the second thread never took the task'\n"
+        "print('exiting', flush=True)\n"
+        "leaving.set()\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120, cwd=Path(__file__).resolve().parent.parent)
+                       timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["exiting", "task", "ended"]  # the exit waited for it
 

@@ -143,9 +143,9 @@ class _Lanes:
         if lend and not latents.complete:
             # The rest of a long sentence's prior (its durations: tens of milliseconds) is
             # computed on the helper's idle core while the first window is decoded here.
-            # Computed after it, it stood between the first chunk and the second, where a
-            # slow CPU had too little audio in hand to cover it, and the listener heard a
-            # gap (bench/README.md, "Measurements behind the defaults").
+            # The cut after that window needs it: computed then, it stands between the
+            # first chunk and the second, where a slow CPU has too little audio in hand to
+            # cover it (bench/README.md, "Measurements behind the defaults").
             latents.begin_next(sharing_thread().begin)
         if latents.complete and latents.frames == 0:
             return self._start_playing()  # a sentence of no frames: the next one
@@ -156,8 +156,8 @@ class _Lanes:
                 and core_free()):
             # A short sentence nobody plays before it is all made, begun with the helpers
             # idle: made here in one window on their cores as intra-op threads. Cut for a
-            # helper, each half computed the model's context at the cut again, and the flow
-            # made whole before the cut gained little on two threads of the interpreter
+            # helper, each half computes the model's context at the cut again, and the flow
+            # made whole before the cut gains little on two threads of the interpreter
             # (bench/README.md, "Measurements behind the defaults").
             assert self.helpers is not None
             span.intra, span.shared = self.helpers.lanes, True
@@ -285,9 +285,8 @@ class _Lanes:
         one (``tts.flow_shared``), for audio nobody plays before it is all made that is cut
         for the helpers (no core was free for intra-op threads, or it is too long to gain
         by them): its pieces then run the generator alone, and none runs the flow over its
-        context again. Not
-        for audio played as it comes: the whole flow before the first window put a short
-        command's first audio ~25 ms later, for ~15 ms less in all."""
+        context again. Not for audio played as it comes: the whole flow before the first
+        window puts a short command's first audio ~25 ms later, for ~15 ms less in all."""
         with torch.inference_mode():
             assert latents.z is not None
             z = reverse_shared(self.model.flow, latents.z, g, sharing_thread().run)

@@ -59,14 +59,14 @@ def in_order(phases: Phases) -> None:
 class _Run:
     """One call's phases and how far each thread has got with them (under the lock)."""
 
-    def __init__(self, phases: Phases) -> None:
+    def __init__(self, phases: Phases, background: bool = False) -> None:
         self.phases = phases
         self.front = [0] * len(phases)  # the next task the calling thread would take
         self.back = [len(p) for p in phases]  # one past the last the second thread would
         self.done = [0] * len(phases)
         self.busy = 0  # tasks the second thread is running
         self.error: BaseException | None = None  # a task failed: nothing more begins
-        self.background = False  # begun by ``begin``: whoever finishes it lets the thread go
+        self.background = background  # ``begin``'s: whoever finishes it lets the thread go
 
     def claim(self, k: int, front: bool) -> Task | None:
         if self.error is not None or self.front[k] >= self.back[k]:
@@ -99,25 +99,17 @@ class SharingThread:
         that raises ends the call with its exception, once no task runs any more. A call
         made while another is running (another thread's) runs in order on its own thread."""
         with self._changed:
-            if self._in_use or not core_free():
-                run = None
-            else:
-                self._in_use = True
-                run = _Run(phases)
-                self._start()
+            run = _Run(phases) if self._take() else None
+            if run is not None:
                 mask = self._apart()
-                self._run, self._serial = run, self._serial + 1
-                self._changed.notify_all()
+                self._post(run)
         if run is None:
             in_order(phases)
             return
         try:
             self._work(run, front=True)
         finally:
-            with self._changed:
-                while run.busy:
-                    self._changed.wait()
-                self._run, self._in_use = None, False
+            self._let_go(run)
             if mask is not None:
                 _set_affinity(0, mask)
         if run.error is not None:
@@ -131,16 +123,10 @@ class SharingThread:
         caller's core: the caller's own affinity is never changed, as nothing guarantees
         that the wait is ever called (a synthesis abandoned after its first window)."""
         with self._changed:
-            if self._in_use or not core_free():
-                run = None
-            else:
-                self._in_use = True
-                run = _Run([[task]])
-                run.background = True
-                self._start()
-                self._off_callers_core()
-                self._run, self._serial = run, self._serial + 1
-                self._changed.notify_all()
+            run = _Run([[task]], background=True) if self._take() else None
+            if run is not None:
+                self._second_apart()
+                self._post(run)
         if run is None:
             return task
         begun = run
@@ -163,19 +149,19 @@ class SharingThread:
             if self._run is run:
                 self._run, self._in_use = None, False
 
-    def _off_callers_core(self) -> None:
-        """Keep the second thread off the core the caller runs on (``_apart``, the caller
-        left as it is)."""
-        assert self._thread is not None
-        here, second = _current_cpu(), self._thread.native_id
-        if here is None or second is None:
-            return
-        try:
-            others = os.sched_getaffinity(0) - {here}
-        except OSError:
-            return
-        if others:
-            _set_affinity(second, others)
+    def _take(self) -> bool:
+        """Under the lock: take the second thread for a call (started if need be); False
+        while another call has it or no core is free."""
+        if self._in_use or not core_free():
+            return False
+        self._in_use = True
+        self._start()
+        return True
+
+    def _post(self, run: _Run) -> None:
+        """Under the lock: hand ``run`` to the second thread."""
+        self._run, self._serial = run, self._serial + 1
+        self._changed.notify_all()
 
     def _start(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -217,6 +203,16 @@ class SharingThread:
         guest), and the two threads took turns on one core: the long sentence's encoder
         took 58-64 ms shared after a 0.3 s pause, against 39-41 ms with the threads kept
         apart (70 ms on one thread)."""
+        kept = self._second_apart()
+        if kept is None:
+            return None
+        here, mask = kept
+        return mask if _set_affinity(0, {here}) else None
+
+    def _second_apart(self) -> tuple[int, set[int]] | None:
+        """Keep the second thread off the core the caller runs on; returns that core and the
+        process's affinity, or None if nothing was changed. ``begin`` leaves the caller's
+        own affinity as it is: nothing guarantees that its wait is ever called."""
         assert self._thread is not None
         here, second = _current_cpu(), self._thread.native_id
         if here is None or second is None:
@@ -228,7 +224,7 @@ class SharingThread:
         others = mask - {here}
         if not others or not _set_affinity(second, others):
             return None
-        return mask if _set_affinity(0, {here}) else None
+        return here, mask
 
     def _serve(self) -> None:
         prepare_thread()

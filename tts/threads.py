@@ -66,6 +66,17 @@ def prepare_process() -> None:
     prepare_thread()
 
 
+# A task of an OpenMP team (``GOMP_parallel``): one call on each of its threads.
+_TEAM_TASK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def _flush_subnormals(_: object) -> None:
+    torch.set_flush_denormal(True)
+
+
+_FLUSH_SUBNORMALS = _TEAM_TASK(_flush_subnormals)
+
+
 @dataclass(frozen=True)
 class _IntraOp:
     """The thread-local thread counts of the OpenMP runtime and of MKL that torch loaded."""
@@ -108,16 +119,6 @@ def _intra_op() -> _IntraOp | None:
 def intra_op_available() -> bool:
     """Whether ``intra_op`` can set this process's threads' counts one by one."""
     return _intra_op() is not None
-
-
-_TEAM_TASK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-def _flush_subnormals(_: object) -> None:
-    torch.set_flush_denormal(True)
-
-
-_FLUSH_SUBNORMALS = _TEAM_TASK(_flush_subnormals)
 
 
 @contextlib.contextmanager
