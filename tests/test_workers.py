@@ -174,6 +174,29 @@ async def test_a_young_stream_counts_at_the_pace_of_whole_windows(workers) -> No
     assert "a" in log[log.index("b"):]  # b started while a was still playing
 
 
+def timed_chunks(plan: list[tuple[float, float]]) -> Iterator[float]:
+    """A chunk per (seconds of work, seconds of audio): its audio, after that much work."""
+    for work, audio in plan:
+        time.sleep(work)
+        yield audio
+
+
+async def test_a_chunk_a_helper_made_leaves_the_pace_to_windows_made_here(workers) -> None:
+    """A stream given a helper process gets a helper's span as one long chunk that cost this
+    worker nothing. It says nothing of the pace here: windows made here after it still count
+    as whole, and the pool's pace follows them."""
+    pool = workers(1)
+    helped = [(0.01, 1.0), (0.01, 1.0), (0.0, 10.0), (0.01, 1.0)]
+    assert await take_all(Render(timed_chunks(helped), pool, limit=100,
+                                 seconds=lambda s: s)) == [1.0, 1.0, 10.0, 1.0]
+    before = pool.pace  # 1 s windows at 10 ms each
+    assert before is not None
+    slower = [(0.1, 1.0)] * 6  # 100 ms per 1 s window now (a busy host, say)
+    assert await take_all(Render(timed_chunks(slower), pool, limit=100,
+                                 seconds=lambda s: s)) == [1.0] * 6
+    assert pool.pace > before + 0.03  # frozen at ``before`` if the 10 s chunk had counted
+
+
 async def test_a_parked_render_holds_no_thread(workers) -> None:
     """One worker: a render nobody reads stops after `limit` chunks, and another one runs."""
     pool = workers(1)

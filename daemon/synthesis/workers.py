@@ -47,6 +47,9 @@ DueOf = Callable[[float], Due]  # a waiting job's state, given when it was queue
 _DONE = object()
 FIRST_COST = 0.05  # seconds: a first chunk's cost until one has been measured
 _SMOOTHING = 0.3  # weight of the newest measurement in the running estimates
+# Compute seconds per second of audio below which a step computed nothing here: its chunk
+# was made by a helper process and handed on (a window takes 0.02 or more on any CPU).
+_HANDED_ON = 0.005
 
 
 @dataclass
@@ -392,8 +395,10 @@ class Render(Generic[T]):
         self._last_seconds = seconds
         self._handed += seconds
         # The first step also ran the sentence's text encoder and durations, once: it says
-        # nothing of the pace the stream needs from here on.
-        if seconds > 0 and not first:
+        # nothing of the pace the stream needs from here on. Nor does a chunk a helper made:
+        # taken as a window, one of its seconds of audio would stop every window made here
+        # from counting as whole, and freeze the pool's pace.
+        if seconds > 0 and not first and took >= _HANDED_ON * seconds:
             rtf = took / seconds
             self.rtf = rtf if self.rtf == 0.0 else self.rtf + _SMOOTHING * (rtf - self.rtf)
             if self._workers.whole_window(seconds, rtf):
