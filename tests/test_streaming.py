@@ -291,26 +291,70 @@ def test_a_sentences_last_frames_are_folded_into_the_window_the_buffer_pays_for(
     assert pace.foldable(16) == 14
 
 
-def test_the_next_sentence_is_handed_out_after_the_first_audio() -> None:
+@pytest.mark.parametrize("free", [False, True])
+def test_the_next_sentence_is_not_computed_here_before_the_first_audio(
+        monkeypatch: pytest.MonkeyPatch, free: bool) -> None:
     """A short first sentence (its prior whole at once) is cut for the helpers before its
-    first window, but the next sentence, whose prior would be computed here to hand it
-    out, waits until the first audio is out."""
+    first window. The next sentence's prior, which handing it out needs, is computed on
+    the sharing thread while that window is decoded when a core is free; else here, after
+    the first audio. Either way, not on this thread before the first audio."""
+    import tts.sharing as sharing_module
+
+    monkeypatch.setattr(sharing_module, "core_free", lambda: free)
     model = random_model(VARIANTS["medium"])
     torch.manual_seed(8)
-    taken: list[str] = []
-    first_out: list[int] = []
+    chunks_out: list[int] = []
+    taken: list[tuple[int, str, int]] = []  # sentence, thread, chunks out by then
 
     def priors() -> Iterator[Prior]:
         for k, frames in enumerate((120, 80)):
-            taken.append(f"prior {k}")
+            taken.append((k, threading.current_thread().name, len(chunks_out)))
             yield torch.randn(1, model.config.inter_channels, frames), None
 
     helpers = Inline(2)
     for _chunk in decode_sentences(model, priors(), helpers=helpers):
-        if not first_out:
-            first_out.append(len(taken))
-    assert first_out == [1], taken  # only the first sentence's prior before its first audio
-    assert taken == ["prior 0", "prior 1"] and helpers.offered >= 2
+        chunks_out.append(1)
+    main = threading.current_thread().name
+    assert [k for k, _, _ in taken] == [0, 1] and helpers.offered >= 2
+    _, thread, out_by_then = taken[1]
+    if free:
+        assert thread != main, taken
+    else:
+        assert thread == main and out_by_then >= 1, taken
+
+
+def test_the_next_sentence_is_handed_out_once_its_prior_is_done_not_before(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next sentence's prior, computed on the sharing thread, may take longer than the
+    first window (a long sentence's on a slow CPU). The playing lane does not wait for it
+    to hand that sentence out: it goes on with this sentence's windows, and hands it out
+    once it is done. (Waiting stood between the first chunk and the second: a gap.)"""
+    import tts.sharing as sharing_module
+
+    monkeypatch.setattr(sharing_module, "core_free", lambda: True)
+    model = random_model(VARIANTS["medium"])
+    torch.manual_seed(11)
+    zs = [torch.randn(1, model.config.inter_channels, frames) for frames in (60, 120)]
+    second_chunk = threading.Event()
+    waited: list[bool] = []
+
+    def priors() -> Iterator[Prior]:
+        yield zs[0], None
+        # Until this sentence's second chunk is out: the lane did not wait for this prior.
+        waited.append(second_chunk.wait(30))
+        yield zs[1], None
+
+    helpers = Inline(2)
+    chunks: list[tuple[np.ndarray, int]] = []
+    for samples, sentence, _ in decode_sentences(model, priors(), helpers=helpers):
+        chunks.append((samples, sentence))
+        if sum(1 for _, k in chunks if k == 0) == 2:
+            second_chunk.set()
+    assert waited == [True]
+    with torch.inference_mode():
+        for k, z in enumerate(zs):
+            got = np.concatenate([c for c, s in chunks if s == k])
+            assert np.abs(got - model.decode(z, None)[0, 0].numpy()).max() < 1e-4, k
 
 
 class Stalled(Inline):
@@ -341,6 +385,44 @@ class StalledPiece:
         pass
 
 
+def test_a_sentence_taken_back_before_any_helper_began_it_is_cut_for_them_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sentence handed out whole that the playing lane gets to before a helper has begun
+    it is taken back, and its second half handed to the helpers before its first window
+    (not after it, which left them idle for that window), the audio the same."""
+    import tts.sharing as sharing_module
+
+    monkeypatch.setattr(sharing_module, "core_free", lambda: False)
+    model = random_model(VARIANTS["medium"])
+    torch.manual_seed(12)
+    zs = [torch.randn(1, model.config.inter_channels, frames) for frames in (120, 120)]
+    events: list[str] = []
+    window = lanes_module._Lanes._window
+
+    def observed(self: lanes_module._Lanes, span: lanes_module._Span, playing: bool) -> None:
+        first = span.piece is None and span.start == 0
+        window(self, span, playing)
+        if first:
+            events.append(f"first window {span.sentence}")
+
+    class Noted(Stalled):
+        def decode(self, model: Vits, job: PieceJob) -> Helping:
+            events.append(f"hand {self.offered + 1}")
+            return super().decode(model, job)
+
+    monkeypatch.setattr(lanes_module._Lanes, "_window", observed)
+    helpers = Noted(2)
+    chunks = list(decode_sentences(model, ((z, None) for z in zs), helpers=helpers))
+    # The first sentence's second half (begun by the helper), the second sentence whole
+    # (left in its queue), then the second half of that one, taken back.
+    assert helpers.offered == 3, events
+    assert events.index("hand 2") < events.index("hand 3") < events.index("first window 1")
+    with torch.inference_mode():
+        for k, z in enumerate(zs):
+            got = np.concatenate([c for c, s, _ in chunks if s == k])
+            assert np.abs(got - model.decode(z, None)[0, 0].numpy()).max() < 1e-4, k
+
+
 def test_a_sentence_taken_back_from_the_helpers_queue_lets_the_next_be_handed_out_first(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """While its helper makes the rest of the first sentence, the playing lane takes the
@@ -367,7 +449,9 @@ def test_a_sentence_taken_back_from_the_helpers_queue_lets_the_next_be_handed_ou
     monkeypatch.setattr(lanes._Lanes, "_window", observed)
     helpers = Stalled(2)
     chunks = list(decode_sentences(model, priors(), helpers=helpers))
-    assert helpers.offered == 3, events  # the first sentence's rest, then the next two
+    # The first sentence's rest, the next two whole, and the second half of each of those
+    # when it was taken back (``test_a_sentence_taken_back_before_any_helper_began_it...``).
+    assert helpers.offered == 5, events
     assert events.index("prior 2") < events.index("window 1"), events
     with torch.inference_mode():
         for k, z in enumerate(zs):

@@ -57,6 +57,9 @@ INTRA_CONTEXTS = 4
 Prior = tuple[Tensor | Iterable[Tensor], Tensor | None]
 """A sentence's prior latent, whole or in parts along time, and its speaker conditioning."""
 
+_Whole = tuple[Latents, Tensor | None]
+"""A sentence's prior, computed whole, and its speaker conditioning."""
+
 Chunk = tuple[np.ndarray, int, bool]
 """Samples, the index of their sentence, and whether they are its last."""
 
@@ -103,6 +106,10 @@ class _Lanes:
         self.more = True  # priors may be left
         self.planned = first  # the playing lane's next planned window
         self.hand_out_later = False  # a sentence is to be handed out after this first window
+        # The next sentence's prior, begun on the sharing thread (``_begin_next_prior``): what
+        # waits for it, and where it lands (None: there was no next sentence).
+        self.prior_ahead: tuple[Callable[[], None], list[_Whole | None]] | None = None
+        self.prior_begun = False  # the sharing thread took it (else the wait computes it)
         self.sample_rate = max(1, round(model.config.hop_length / pace.frame_seconds))
 
     # --- the playing lane -----------------------------------------------------------------
@@ -164,11 +171,53 @@ class _Lanes:
         elif latents.complete:  # a short sentence's prior is whole already: share it now
             self._share(span, hand_out=False)  # the next sentence once its first audio is out
             self.hand_out_later = True
+            if lend:
+                self._begin_next_prior()
         return True
+
+    def _begin_next_prior(self) -> None:
+        """Compute the next sentence's prior on the sharing thread while this one's first
+        window is decoded here: handing that sentence out after the window computes it
+        otherwise, here, between the first chunk and the second (tens of milliseconds for a
+        sentence of a few seconds, against a first chunk of a tenth of a second of audio:
+        the listener heard a gap). Its noise is drawn in order all the same: nothing else of
+        this text draws any meanwhile (this sentence's prior is whole)."""
+        if not self.more or self.prior_ahead is not None:
+            return
+        priors = self.priors  # not ``self``: an abandoned text leaves no reference cycle
+        got: list[_Whole | None] = []
+
+        def whole() -> None:
+            prior = next(priors, None)
+            if prior is None:
+                got.append(None)
+                return
+            parts, g = prior
+            with torch.inference_mode():
+                latents = Latents(parts)
+                latents.fill(sys.maxsize)
+            got.append((latents, g))
+
+        wait = sharing_thread().begin(whole)
+        self.prior_ahead, self.prior_begun = (wait, got), wait is not whole
+
+    def _prior_pending(self) -> bool:
+        """The next sentence's prior is being computed on the sharing thread. Handing that
+        sentence out waits until it is done: waited for, a long sentence's prior (a quarter
+        of a second on a slow CPU) would stand between this sentence's chunks."""
+        return self.prior_ahead is not None and self.prior_begun and not self.prior_ahead[1]
 
     def _window(self, span: _Span, playing: bool) -> None:
         """Decode ``span``'s next window here: sized for the listener if ``playing``, else the
         largest (it is being made ahead of its turn)."""
+        if (span.piece is None and span.start == 0 and span.end is None and not span.shared
+                and span.latents.complete):
+            # A sentence handed out whole and taken back before any helper began it (the
+            # helpers were busy then, or this lane got to it first): the helpers get their
+            # pieces of it now, not after its first window. Its first window here has them
+            # idle otherwise, and a text made whole had them idle for every such sentence.
+            self._share(span, hand_out=False)
+            self.hand_out_later = True
         if span.piece is None:
             span.piece = Piece(self.model, span.latents, span.g, self.gain, span.start,
                                span.end, self.pace.clock)
@@ -177,7 +226,7 @@ class _Lanes:
         piece = span.piece
         if piece.steps and span.start == 0 and not span.shared:
             self._share(span)  # the first window is out: the rest of the sentence is wanted
-        elif piece.steps and self.hand_out_later:
+        elif piece.steps and self.hand_out_later and not self._prior_pending():
             self.hand_out_later = False
             self._hand_out()
         asked = self.wanted() if playing and self.wanted is not None else None
@@ -328,6 +377,15 @@ class _Lanes:
         (``tts.sharing``)."""
         if not self.more:
             return None
+        if self.prior_ahead is not None:
+            wait, got = self.prior_ahead
+            self.prior_ahead = None
+            wait()
+            if got[0] is None:
+                self.more = False
+                return None
+            self.sentences += 1
+            return self.sentences - 1, *got[0]
         prior = next(self.priors, None)
         if prior is None:
             self.more = False
