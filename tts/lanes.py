@@ -177,11 +177,12 @@ class _Lanes:
 
     def _begin_next_prior(self) -> None:
         """Compute the next sentence's prior on the sharing thread while this one's first
-        window is decoded here: handing that sentence out after the window computes it
-        otherwise, here, between the first chunk and the second (tens of milliseconds for a
-        sentence of a few seconds, against a first chunk of a tenth of a second of audio:
-        the listener heard a gap). Its noise is drawn in order all the same: nothing else of
-        this text draws any meanwhile (this sentence's prior is whole)."""
+        window is decoded here. Handing that sentence out after the window needs it:
+        computed then, here, it stands between the first chunk and the second (tens of
+        milliseconds for a sentence of a few seconds, hundreds for a long one on a slow CPU,
+        against a first chunk of a tenth of a second of audio: a gap). Its noise is drawn in
+        order all the same: nothing else of this text draws any meanwhile (this sentence's
+        prior is whole)."""
         if not self.more or self.prior_ahead is not None:
             return
         priors = self.priors  # not ``self``: an abandoned text leaves no reference cycle
@@ -212,10 +213,10 @@ class _Lanes:
         largest (it is being made ahead of its turn)."""
         if (span.piece is None and span.start == 0 and span.end is None and not span.shared
                 and span.latents.complete):
-            # A sentence handed out whole and taken back before any helper began it (the
-            # helpers were busy then, or this lane got to it first): the helpers get their
-            # pieces of it now, not after its first window. Its first window here has them
-            # idle otherwise, and a text made whole had them idle for every such sentence.
+            # A sentence handed out whole and taken back before any helper began it (they
+            # are busy, or this lane got to it first): the helpers get their pieces of it
+            # now, not after its first window, which would leave them idle meanwhile (in a
+            # text made whole, for every such sentence).
             self._share(span, hand_out=False)
             self.hand_out_later = True
         if span.piece is None:
