@@ -398,8 +398,10 @@ def probe_speaker_burst(peer: Peer, bursts: int) -> Verdict:
         ids = [f"b{b}-{i}" for i in range(3)]
         for rid, text in zip(ids, NOTIFY, strict=True):
             peer.publish("say", json.dumps({"id": rid, "text": text}), qos=0)
-        done = peer.wait(lambda ids=ids: all(peer.of(r, "finished") or peer.of(r, "error")
-                                             for r in ids), 30)
+        def ended(ids: list[str] = ids) -> bool:
+            return all(peer.of(r, "finished") or peer.of(r, "error") for r in ids)
+
+        done = peer.wait(ended, 30)
         if not done:
             hung.append(next(r for r in ids if not peer.of(r, "finished")))
             peer.publish("stop", b"PRESS")

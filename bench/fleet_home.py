@@ -64,7 +64,10 @@ class Fleet:
             if len(self.workers) > count or self.worker_slots.get(w) != slots:
                 self.rig.stop(w)
                 self.workers.remove(w)
-                self.probe.wait(lambda w=w: w not in self.probe.workers, WAIT, f"{w} gone")
+                def gone(w: str = w) -> bool:
+                    return w not in self.probe.workers
+
+                self.probe.wait(gone, WAIT, f"{w} gone")
         while len(self.workers) < count:
             name = next(f"w{i}" for i in range(1, 10) if f"w{i}" not in self.workers)
             self.rig.start(name, "worker", slots=slots)

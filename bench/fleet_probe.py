@@ -114,7 +114,7 @@ class Probe:
 
     def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         now = time.time()
-        topic, payload = msg.topic, msg.payload
+        topic, payload = msg.topic, bytes(msg.payload)
         with self.cond:
             self._count(topic, payload, msg.qos)
             parts = topic.split("/")

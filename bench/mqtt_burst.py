@@ -123,7 +123,7 @@ def burst(port: int, n: int, shared: tuple[str, ...], during: Any = None,
                 p.close()
                 p.subscribed.clear()
                 p.connects = 0
-        stop, sent = threading.Event(), []
+        stop, sent = threading.Event(), list[int]()
         flow = threading.Thread(target=publish_flow, args=(port, stop, sent))
         flow.start()
         try:

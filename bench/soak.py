@@ -45,6 +45,7 @@ from typing import Any
 
 import aiohttp
 import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
 from prometheus_client.parser import text_string_to_metric_families
 from wyoming.audio import AudioChunk, AudioStop
 from wyoming.client import AsyncTcpClient
@@ -116,7 +117,7 @@ class MqttPeer:
         self.audio_stopped: set[str] = set()
         self.audio_bytes: dict[str, int] = {}
         self.online = False
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="soak-driver")
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="soak-driver")
         self.client.on_message = self._on_message
         self.client.connect("127.0.0.1", port)
         self.client.subscribe([(f"{BASE}/availability", 1), (f"{BASE}/event", 1),

