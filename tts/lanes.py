@@ -109,7 +109,6 @@ class _Lanes:
         # The next sentence's prior, begun on the sharing thread (``_begin_next_prior``): what
         # waits for it, and where it lands (None: there was no next sentence).
         self.prior_ahead: tuple[Callable[[], None], list[_Whole | None]] | None = None
-        self.prior_begun = False  # the sharing thread took it (else the wait computes it)
         self.sample_rate = max(1, round(model.config.hop_length / pace.frame_seconds))
 
     # --- the playing lane -----------------------------------------------------------------
@@ -169,11 +168,16 @@ class _Lanes:
             assert self.helpers is not None
             span.intra, span.shared = self.helpers.lanes, True
         elif latents.complete:  # a short sentence's prior is whole already: share it now
-            self._share(span, hand_out=False)  # the next sentence once its first audio is out
-            self.hand_out_later = True
+            self._share_before_first_window(span)
             if lend:
                 self._begin_next_prior()
         return True
+
+    def _share_before_first_window(self, span: _Span) -> None:
+        """Cut a whole sentence for the helpers before its first window; the next sentence
+        is handed out once that window is out (handing it out computes its prior)."""
+        self._share(span, hand_out=False)
+        self.hand_out_later = True
 
     def _begin_next_prior(self) -> None:
         """Compute the next sentence's prior on the sharing thread while this one's first
@@ -200,13 +204,14 @@ class _Lanes:
             got.append((latents, g))
 
         wait = sharing_thread().begin(whole)
-        self.prior_ahead, self.prior_begun = (wait, got), wait is not whole
+        if wait is not whole:  # else not begun (no core free): computed when handed out
+            self.prior_ahead = (wait, got)
 
     def _prior_pending(self) -> bool:
         """The next sentence's prior is being computed on the sharing thread. Handing that
         sentence out waits until it is done: waited for, a long sentence's prior (a quarter
         of a second on a slow CPU) would stand between this sentence's chunks."""
-        return self.prior_ahead is not None and self.prior_begun and not self.prior_ahead[1]
+        return self.prior_ahead is not None and not self.prior_ahead[1]
 
     def _window(self, span: _Span, playing: bool) -> None:
         """Decode ``span``'s next window here: sized for the listener if ``playing``, else the
@@ -217,8 +222,7 @@ class _Lanes:
             # are busy, or this lane got to it first): the helpers get their pieces of it
             # now, not after its first window, which would leave them idle meanwhile (in a
             # text made whole, for every such sentence).
-            self._share(span, hand_out=False)
-            self.hand_out_later = True
+            self._share_before_first_window(span)
         if span.piece is None:
             span.piece = Piece(self.model, span.latents, span.g, self.gain, span.start,
                                span.end, self.pace.clock)
