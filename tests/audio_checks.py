@@ -33,6 +33,12 @@ def rms(x: np.ndarray) -> float:
     return float(np.sqrt(np.mean(np.square(x, dtype=np.float64)))) if len(x) else 0.0
 
 
+def energy(x: np.ndarray) -> float:
+    """Root of the summed squares: unlike ``rms``, silence around the sound leaves it as
+    it is, so it compares what a device recorded however much silence it wrote."""
+    return float(np.sqrt(np.sum(np.square(x, dtype=np.float64))))
+
+
 def assert_speech(samples: np.ndarray, rate: int, min_seconds: float = 0.3,
                   max_seconds: float | None = None) -> None:
     """Fail unless ``samples`` (float, [-1, 1]) look like speech."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from audio_checks import assert_speech, pcm16, rms
+from audio_checks import assert_speech, energy, pcm16
 from conftest import AlsaFile, Broker, alsa_file_env, free_port, wait_port
 from herald_process import HeraldProcess, herald_env, start_herald
 from mqtt_client import BASE, DEVICE, Client, Msg
@@ -302,16 +302,18 @@ def test_voice_and_volume_survive_a_restart(tmp_path: Path, voices: tuple[Path, 
                           voice=DEFAULT_VOICE, sinks=["speaker"])
                     assert c.wait_event("soft")["event"] == "finished"
                 assert h.terminate() == 0, h.tail()
-                heard.append(rms(pcm16(alsa.pcm())))
+                heard.append(energy(pcm16(alsa.pcm())))
             finally:
                 h.kill()
                 c.publish("status", b"", retain=True)  # forget the retained status
                 c.close()
         saved = json.loads((state / "state.json").read_text())
         assert saved == {"voice": voices[1], "volume": 0.3}
-        # The speaker plays at the saved volume: the same words, 0.3 as loud.
-        assert heard[0] > 0.01
-        assert 0.25 < heard[1] / heard[0] < 0.35, heard
+        # The speaker plays at the saved volume: the same words, 0.3 as loud. Their energy
+        # is compared, not their mean level: the device's file holds as much silence as the
+        # stream happened to write around the words, which differs from run to run.
+        assert heard[0] > 1.0
+        assert 0.29 < heard[1] / heard[0] < 0.31, heard
     finally:
         broker.stop()
 
