@@ -285,7 +285,9 @@ async def test_a_timed_utterance_starts_at_its_time_not_as_a_cue(engine: Engine)
     records = {rec.id: rec for rec in r.records}
     assert records["now"].start_skew_ms is None
     skew = records["timed"].start_skew_ms
-    assert skew is not None and 0 <= skew < 50, skew
+    # The skew the record carries is the speaker's own: how late this stand-in's sleep woke
+    # (the host's, not herald's; the real speaker's are test_speaker_sync's). Never early.
+    assert skew is not None and skew >= 0, skew
     assert skew == round((spk.starts[1][2] - play_at) * 1000, 1)
     assert records["timed"].as_dict()["start_skew_ms"] == skew
 

@@ -516,9 +516,11 @@ def test_device_faster_than_real_time_does_not_spin_on_silence(  # type: ignore[
 # second one: 0.5 to 1.0 s here, with scheduler.prefetch off.)
 
 PAUSE = 0.4  # synthesis.paragraph_silence: the pause between two paragraphs of one say
-QUEUED = ("The washing machine has finished its program.",
-          "Please take the laundry out of the machine before it starts to smell, and hang it "
-          "up outside.")
+# The longer first (5 s of audio, then 2.5 s): the second is made while the first plays even
+# on a busy host. The other way round, 5 s of audio would have to be made in 2.5 s.
+QUEUED = ("Please take the laundry out of the machine before it starts to smell, and hang it "
+          "up outside.",
+          "The washing machine has finished its program.")
 INTERRUPTED = ("This announcement about the weather goes on for quite a while, so that "
                "something more urgent can cut it short.")
 URGENT = "Someone is at the front door."
