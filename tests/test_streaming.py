@@ -565,7 +565,7 @@ def test_the_flow_shared_out_by_columns_equals_its_one_shot_reverse(variant: str
 
 def test_a_short_sentence_made_whole_is_flowed_once_and_its_pieces_run_the_generator(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Audio nobody plays before it is all made (first window = largest), with no core free
+    """Audio nobody plays before it is all made (``whole``), with no core free
     for intra-op threads (beside a busy process): a short sentence goes through the flow
     once, before it is cut, and the helper's piece reads only the generator's context;
     played as it comes, each piece runs the flow itself (the first audio does not wait for
@@ -579,11 +579,11 @@ def test_a_short_sentence_made_whole_is_flowed_once_and_its_pieces_run_the_gener
     with torch.inference_mode():
         whole = np.clip(model.decode(z_p, g)[0, 0].numpy(), -1, 1)
     dc, fc = model.dec.receptive_field, model.flow.receptive_field
-    for first, flowed in ((96, True), (8, False)):
+    for made_whole, flowed in ((True, True), (False, False)):
         helpers = Inline(2)
-        audio = np.concatenate([c for c, _ in decode_windows(model, z_p, g, first=first,
-                                                             largest=96, helpers=helpers)])
-        assert np.abs(audio - whole).max() < 1e-4, first
+        audio = np.concatenate([c for c, _ in decode_windows(
+            model, z_p, g, largest=96, helpers=helpers, whole=made_whole)])
+        assert np.abs(audio - whole).max() < 1e-4, made_whole
         [job] = helpers.handed
         assert job.flowed is flowed
         assert job.start == dc + (0 if flowed else fc)  # the context it reads before its start
@@ -612,19 +612,20 @@ def test_a_short_sentence_made_whole_with_a_core_free_is_made_on_intra_op_thread
     model = random_model(VARIANTS["multi_speaker"])
     g = model.speaker_embedding(2)
     bound = INTRA_CONTEXTS * (model.dec.receptive_field + model.flow.receptive_field)
-    for frames, first, cut in ((120, 96, False), (120, 8, True), (bound + 8, 96, True)):
+    for frames, made_whole, cut in ((120, True, False), (120, False, True),
+                                    (bound + 8, True, True)):
         torch.manual_seed(frames)
         z_p = torch.randn(1, model.config.inter_channels, frames)
         with torch.inference_mode():
             whole = np.clip(model.decode(z_p, g)[0, 0].numpy(), -1, 1)
         helpers = Inline(2)
         stepped.clear()
-        audio = np.concatenate([c for c, _ in decode_windows(model, z_p, g, first=first,
-                                                             largest=96, helpers=helpers)])
-        assert np.abs(audio - whole).max() < 1e-4, (frames, first)
+        audio = np.concatenate([c for c, _ in decode_windows(
+            model, z_p, g, largest=96, helpers=helpers, whole=made_whole)])
+        assert np.abs(audio - whole).max() < 1e-4, (frames, made_whole)
         assert np.abs(whole).max() > 1e-3
-        assert len(helpers.handed) == (1 if cut else 0), (frames, first)
-        assert set(stepped) == ({1} if cut else {2}), (frames, first)
+        assert len(helpers.handed) == (1 if cut else 0), (frames, made_whole)
+        assert set(stepped) == ({1} if cut else {2}), (frames, made_whole)
         assert torch.get_num_threads() == 1  # given back
 
 
@@ -763,6 +764,50 @@ def test_audio_wanted_whole_is_made_in_the_largest_windows(synth) -> None:  # ty
     sizes = [len(c) for c in chunks if len(c)]
     assert min(sizes[:-1]) >= 96 * 256 - 256  # every window but the last is the largest
     assert np.abs(np.concatenate(chunks) - synth.synthesize(LONG_SENTENCE, opts)).max() < 1e-4
+
+
+def test_a_text_made_whole_hands_its_next_sentence_out_early_and_draws_noise_in_order(  # type: ignore[no-untyped-def]
+        synth, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Audio nobody plays before it is all made, of several sentences, with the helper's
+    core free: a short sentence with another after it is not made on intra-op threads (the
+    helper would have nothing to do), but begun in a small window, after which the helper
+    gets the next sentence, whole: the sentences are decoded side by side. Looking for the
+    next sentence does not change the noise a seed draws: the audio is the one-shot audio."""
+    if not threads_module.intra_op_available():
+        pytest.skip("this torch build has no GNU OpenMP and MKL to set per thread")
+    monkeypatch.setattr(lanes_module, "core_free", lambda: True)
+    threads_module.prepare_thread()
+    stepped: list[int] = []
+    step = pieces_module.Piece.step
+
+    def counted(piece: pieces_module.Piece, upto: int, ahead: int = 0) -> None:
+        stepped.append(torch.get_num_threads())
+        step(piece, upto, ahead)
+
+    monkeypatch.setattr(pieces_module.Piece, "step", counted)
+    import tts.sharing as sharing_module
+
+    text = "Good morning. Turn on the kitchen lights."
+    opts = SynthesisOptions(seed=7, sentence_silence=0.0)
+    one_shot = synth.synthesize(text, opts)
+    hop = synth.model.config.hop_length
+    # The next sentence's prior computed at its hand-out, here (no core free for the sharing
+    # thread): it is handed out right after the first window. Computed on the sharing
+    # thread, it is handed out when done, or made here if this sentence is out first: when
+    # is the host's, and only the noise it draws is checked.
+    for sharing in (False, True):
+        monkeypatch.setattr(sharing_module, "core_free", lambda free=sharing: free)
+        helpers = Inline(2)
+        stepped.clear()
+        chunks = [c.samples for c in synth.stream(text, opts, helpers, whole=True)]
+        assert len(chunks[0]) <= (synth.first_window + 1) * hop, sharing  # a small window
+        audio = np.concatenate(chunks)
+        assert len(audio) == len(one_shot) and np.abs(audio - one_shot).max() < 1e-4, sharing
+        if not sharing:
+            assert [(job.start, job.end) for job in helpers.handed] == [(0, None)]
+            assert not helpers.handed[0].flowed
+            assert set(stepped) == {1}
+    assert_speech(audio, synth.sample_rate, min_seconds=1.5)
 
 
 def test_sentences_follow_each_other(synth) -> None:  # type: ignore[no-untyped-def]

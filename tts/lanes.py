@@ -12,10 +12,14 @@ work is shared out:
 * a sentence the playing lane begins with nothing at the helpers (a text's first) has its
   text encoder shared with a second thread of this process (``tts.sharing``): the core
   its helper will decode on is free until the sentence's first window is out. A short
-  sentence nobody plays before it is all made is then not cut at all while that core is
-  free: it is made here on intra-op threads (``tts.threads.intra_op``); beside a busy
-  process it is cut, and its flow is made whole first, shared with the second thread
-  (``tts.flow_shared``);
+  sentence nobody plays before it is all made, the last of its text, is then not cut at
+  all while that core is free: it is made here on intra-op threads
+  (``tts.threads.intra_op``); beside a busy process it is cut, and its flow is made whole
+  first, shared with the second thread (``tts.flow_shared``);
+* a text nobody plays before it is all made is otherwise decoded as if it were played:
+  each sentence but its last is begun in a small window, after which the helpers get the
+  next sentence, so that whole sentences are decoded side by side, which costs less than
+  any one sentence shared out over every core;
 * when the playing lane gets to a span a helper has not begun, it takes it back and decodes
   it itself; of one a helper has begun it takes the audio as it comes, and while none has
   come it decodes a later span no helper has begun, or hands out the next sentence.
@@ -94,9 +98,11 @@ class _Lanes:
 
     def __init__(self, model: Vits, priors: Iterable[Prior], gain: float, first: int,
                  largest: int, pace: Pace, wanted: Callable[[], int | None] | None,
-                 helpers: Helpers | None) -> None:
+                 helpers: Helpers | None, whole: bool) -> None:
         self.model = model
+        self.whole = whole
         self.priors = iter(priors)
+        self.pulled: Prior | None = None  # taken from ``priors`` to see whether one follows
         self.gain, self.first, self.largest = gain, first, largest
         self.pace = pace
         self.wanted = wanted
@@ -145,7 +151,12 @@ class _Lanes:
         with torch.inference_mode():
             # Enough for the first window, its look-ahead and a window after it: then the
             # sentence is known to go on past what the first window reads.
-            latents.fill(2 * self.first + dc + fc + 1)
+            latents.fill(2 * (self.largest if self.whole else self.first) + dc + fc + 1)
+        if self.whole and latents.complete and self.more and self.pulled is None:
+            # Its noise is all drawn: the next sentence may be looked for without changing
+            # what it draws (and a whole text is all known: looking waits for nothing).
+            self.pulled = next(self.priors, None)
+            self.more = self.pulled is not None
         if lend and not latents.complete:
             # The rest of a long sentence's prior (its durations: tens of milliseconds) is
             # computed on the helper's idle core while the first window is decoded here.
@@ -157,14 +168,15 @@ class _Lanes:
             return self._start_playing()  # a sentence of no frames: the next one
         span = _Span(k, latents, g, 0, None)
         self.spans.append(span)
-        if (latents.complete and lend and self.first >= self.largest
+        if (latents.complete and lend and self._alone(k)
                 and latents.frames <= INTRA_CONTEXTS * (dc + fc) and intra_op_available()
                 and core_free()):
-            # A short sentence nobody plays before it is all made, begun with the helpers
-            # idle: made here in one window on their cores as intra-op threads. Cut for a
-            # helper, each half computes the model's context at the cut again, and the flow
-            # made whole before the cut gains little on two threads of the interpreter
-            # (bench/README.md, "Measurements behind the defaults").
+            # A short sentence nobody plays before it is all made, the last of its text,
+            # begun with the helpers idle: made here in one window on their cores as
+            # intra-op threads. Cut for a helper, each half computes the model's context at
+            # the cut again, and the flow made whole before the cut gains little on two
+            # threads of the interpreter (bench/README.md, "Measurements behind the
+            # defaults").
             assert self.helpers is not None
             span.intra, span.shared = self.helpers.lanes, True
         elif latents.complete:  # a short sentence's prior is whole already: share it now
@@ -190,10 +202,11 @@ class _Lanes:
         if not self.more or self.prior_ahead is not None:
             return
         priors = self.priors  # not ``self``: an abandoned text leaves no reference cycle
+        pulled, self.pulled = self.pulled, None
         got: list[_Whole | None] = []
 
         def whole() -> None:
-            prior = next(priors, None)
+            prior = pulled if pulled is not None else next(priors, None)
             if prior is None:
                 got.append(None)
                 return
@@ -204,8 +217,26 @@ class _Lanes:
             got.append((latents, g))
 
         wait = sharing_thread().begin(whole)
-        if wait is not whole:  # else not begun (no core free): computed when handed out
+        if wait is not whole:
             self.prior_ahead = (wait, got)
+        else:  # not begun (no core free): computed when handed out
+            self.pulled = pulled
+
+    def _alone(self, sentence: int) -> bool:
+        """Nobody plays the text before it is all made, and nothing of it follows this
+        sentence: nothing else of the text can run beside it."""
+        return self.whole and not self.more and sentence == self.sentences - 1
+
+    def _first_window(self, span: _Span) -> int:
+        """The first window of a sentence the playing lane begins: small where a listener may
+        be waiting for it, or where the helpers get work after it (the rest of the sentence,
+        or the next one); otherwise, audio nobody plays before it is all made, the
+        largest."""
+        if not self.whole:
+            return self.first
+        helped = self.helpers is not None and self.helpers.lanes >= 2
+        return (self.first if helped and (not span.shared or self.hand_out_later and self.more)
+                else self.largest)
 
     def _prior_pending(self) -> bool:
         """The next sentence's prior is being computed on the sharing thread. Handing that
@@ -227,7 +258,7 @@ class _Lanes:
             span.piece = Piece(self.model, span.latents, span.g, self.gain, span.start,
                                span.end, self.pace.clock)
             if playing and span.start == 0:
-                self.planned = self.first  # a sentence begins: the listener may be waiting
+                self.planned = self._first_window(span)
         piece = span.piece
         if piece.steps and span.start == 0 and not span.shared:
             self._share(span)  # the first window is out: the rest of the sentence is wanted
@@ -243,7 +274,8 @@ class _Lanes:
         # else less than a first one.
         fold = (min(self.pace.foldable(size), self.largest - size)
                 if playing and asked is None else 0)
-        end = next_end(piece.reached, size, max(self.first - 1, fold), limit,
+        least = (self.largest if self._alone(span.sentence) else self.first) - 1
+        end = next_end(piece.reached, size, max(least, fold), limit,
                        latents.complete or piece.end is not None)
         before, started = piece.reached, self.pace.clock()
         ahead = 0 if asked is not None else self.pace.flow_ahead(FLOW_AHEAD, piece.flow_ran)
@@ -251,7 +283,7 @@ class _Lanes:
             piece.step(end, ahead)
         self.pace.ran(piece.reached - before, self.pace.clock() - started)
         if playing:
-            self.planned = min(self.largest, 2 * size)
+            self.planned = self.largest if self.whole else min(self.largest, 2 * size)
         chunks = list(piece.take())
         if span.skip:
             chunks = _dropped(chunks, span)
@@ -320,7 +352,7 @@ class _Lanes:
         start, frames = (0 if span.piece is None else span.piece.reached), span.latents.frames
         k = min(self.helpers.lanes, (frames - start) // MIN_PIECE)
         if k >= 2:
-            if span.piece is None and self.first >= self.largest:
+            if span.piece is None and self._alone(span.sentence):
                 span.latents = self._flowed(span.latents, span.g)
             bounds = [start + round(i * (frames - start) / k) for i in range(k)] + [frames]
             span.end = bounds[1]
@@ -336,11 +368,12 @@ class _Lanes:
 
     def _flowed(self, latents: Latents, g: Tensor | None) -> Latents:
         """A short sentence's prior through the flow at once, on this thread and the sharing
-        one (``tts.flow_shared``), for audio nobody plays before it is all made that is cut
-        for the helpers (no core was free for intra-op threads, or it is too long to gain
-        by them): its pieces then run the generator alone, and none runs the flow over its
-        context again. Not for audio played as it comes: the whole flow before the first
-        window puts a short command's first audio ~25 ms later, for ~15 ms less in all."""
+        one (``tts.flow_shared``), for the last sentence of audio nobody plays before it is
+        all made that is cut for the helpers (no core was free for intra-op threads, or it
+        is too long to gain by them): its pieces then run the generator alone, and none
+        runs the flow over its context again. Not for audio played as it comes: the whole
+        flow before the first window puts a short command's first audio ~25 ms later, for
+        ~15 ms less in all."""
         with torch.inference_mode():
             assert latents.z is not None
             z = reverse_shared(self.model.flow, latents.z, g, sharing_thread().run)
@@ -391,7 +424,9 @@ class _Lanes:
                 return None
             self.sentences += 1
             return self.sentences - 1, *got[0]
-        prior = next(self.priors, None)
+        prior, self.pulled = self.pulled, None
+        if prior is None:
+            prior = next(self.priors, None)
         if prior is None:
             self.more = False
             return None
@@ -417,9 +452,14 @@ def _dropped(chunks: list[np.ndarray], span: _Span) -> list[np.ndarray]:
 def decode_sentences(model: Vits, priors: Iterable[Prior], gain: float = 1.0,
                      first: int = 8, largest: int = 96, pace: Pace | None = None,
                      wanted: Callable[[], int | None] | None = None,
-                     helpers: Helpers | None = None) -> Iterator[Chunk]:
+                     helpers: Helpers | None = None, whole: bool = False) -> Iterator[Chunk]:
     """Flow + generator over the sentences' priors, in order; each sentence's chunks join
     into exactly ``model.decode`` of its prior.
+
+    ``whole``: nobody plays the audio before it is all made, and ``priors`` is the whole
+    text (the next sentence is looked for once a sentence's prior is drawn: a text still
+    arriving would be waited for). Windows are then small only where the helpers get work
+    after them; the last sentence has every core to itself.
 
     The playing lane's windows: ``first`` frames, then at least doubling, as ``pace`` lets
     them grow (without one, exactly doubling), never over ``largest``; a tail shorter than
@@ -429,5 +469,5 @@ def decode_sentences(model: Vits, priors: Iterable[Prior], gain: float = 1.0,
     handed out.
     """
     lanes = _Lanes(model, priors, gain, first, largest, pace or Pace.plan_only(), wanted,
-                   helpers)
+                   helpers, whole)
     yield from lanes.chunks()

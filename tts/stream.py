@@ -100,10 +100,11 @@ class Synthesizer:
         ``helpers`` decode later pieces and sentences meanwhile.
 
         ``whole``: nobody plays the audio before it is all made (a WAV file, a batch item),
-        so no window is made small for an early first chunk: every one is as large as
-        windows get, and a short command is decoded in one. Each window costs a few
-        milliseconds besides its frames: small first windows make a short command's audio
-        take about 1.2x as long as decoding it at once (bench/README.md)."""
+        and ``sentences`` is the whole text. No window is made small for an early first
+        chunk, only where the helpers get work after it (``tts.lanes``): a short command
+        alone is decoded in one window. Each window costs a few milliseconds besides its
+        frames: small first windows make a short command's audio take about 1.2x as long
+        as decoding it at once (bench/README.md)."""
         frame_seconds = self.model.config.hop_length / self.sample_rate
 
         def priors() -> Iterator[Prior]:
@@ -113,9 +114,9 @@ class Synthesizer:
         def wanted() -> int | None:
             return None if demand is None else in_frames(demand(), frame_seconds)
 
-        first = self.max_window if whole else self.first_window
-        yield from decode_sentences(self.model, priors(), opts.gain, first,
-                                    self.max_window, Pace(frame_seconds), wanted, helpers)
+        yield from decode_sentences(self.model, priors(), opts.gain, self.first_window,
+                                    self.max_window, Pace(frame_seconds), wanted, helpers,
+                                    whole)
 
     def synthesize(self, text: str, options: SynthesisOptions = SynthesisOptions()) -> np.ndarray:
         """Whole text decoded one sentence at a time in one shot (reference for tests)."""
@@ -133,10 +134,11 @@ def decode_windows(model: Vits, z_p: torch.Tensor | Iterable[torch.Tensor],
                    g: torch.Tensor | None, gain: float = 1.0, first: int = 8,
                    largest: int = 96, pace: Pace | None = None,
                    wanted: Callable[[], int | None] | None = None,
-                   helpers: Helpers | None = None) -> Iterator[tuple[np.ndarray, bool]]:
+                   helpers: Helpers | None = None, whole: bool = False
+                   ) -> Iterator[tuple[np.ndarray, bool]]:
     """One sentence's prior ``z_p`` ``[1, c, frames]`` (whole, or in parts along time) through
     the flow and the generator in windows (``decode_sentences``); the chunks join into
     ``model.decode``, the flag marks the last."""
     for samples, _, last in decode_sentences(model, [(z_p, g)], gain, first, largest, pace,
-                                             wanted, helpers):
+                                             wanted, helpers, whole):
         yield samples, last
