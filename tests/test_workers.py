@@ -205,10 +205,17 @@ async def test_a_parked_render_holds_no_thread(workers) -> None:
     assert await asyncio.wait_for(take_all(Render(chunks(30), pool, limit=3)), 10) \
         == list(range(30))
     assert sum(tag == "stalled" for tag, _, _ in log) == 3
-    # Taking one chunk lets it make one more.
+    # Taking one chunk lets it make one more, and no more than that.
     assert await stalled.get() == 0
-    await asyncio.sleep(0.2)
-    assert sum(tag == "stalled" for tag, _, _ in log) == 4
+
+    def made() -> int:
+        return sum(tag == "stalled" for tag, _, _ in log)
+
+    deadline = time.monotonic() + 10
+    while made() < 4 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)  # time for a fifth, were it not parked
+    assert made() == 4
     stalled.close()
 
 

@@ -235,8 +235,8 @@ class _Lanes:
         if not self.whole:
             return self.first
         helped = self.helpers is not None and self.helpers.lanes >= 2
-        return (self.first if helped and (not span.shared or self.hand_out_later and self.more)
-                else self.largest)
+        work_after = not span.shared or (self.hand_out_later and self.more)
+        return self.first if helped and work_after else self.largest
 
     def _prior_pending(self) -> bool:
         """The next sentence's prior is being computed on the sharing thread. Handing that
