@@ -19,6 +19,7 @@ from synthetic_voice import VARIANTS, random_model
 
 import tts.lanes as lanes_module
 import tts.pieces as pieces_module
+import tts.sharing as sharing_module
 import tts.threads as threads_module
 from tts import SynthesisOptions
 from tts.lanes import INTRA_CONTEXTS, Prior, decode_sentences
@@ -298,8 +299,6 @@ def test_the_next_sentence_is_not_computed_here_before_the_first_audio(
     first window. The next sentence's prior, which handing it out needs, is computed on
     the sharing thread while that window is decoded when a core is free; else here, after
     the first audio. Either way, not on this thread before the first audio."""
-    import tts.sharing as sharing_module
-
     monkeypatch.setattr(sharing_module, "core_free", lambda: free)
     model = random_model(VARIANTS["medium"])
     torch.manual_seed(8)
@@ -329,8 +328,6 @@ def test_the_next_sentence_is_handed_out_once_its_prior_is_done_not_before(
     first window (a long sentence's on a slow CPU). The playing lane does not wait for it
     to hand that sentence out: it goes on with this sentence's windows, and hands it out
     once it is done. (Waiting stood between the first chunk and the second: a gap.)"""
-    import tts.sharing as sharing_module
-
     monkeypatch.setattr(sharing_module, "core_free", lambda: True)
     model = random_model(VARIANTS["medium"])
     torch.manual_seed(11)
@@ -390,8 +387,6 @@ def test_a_sentence_taken_back_before_any_helper_began_it_is_cut_for_them_at_onc
     """A sentence handed out whole that the playing lane gets to before a helper has begun
     it is taken back, and its second half handed to the helpers before its first window
     (not after it, which left them idle for that window), the audio the same."""
-    import tts.sharing as sharing_module
-
     monkeypatch.setattr(sharing_module, "core_free", lambda: False)
     model = random_model(VARIANTS["medium"])
     torch.manual_seed(12)
@@ -591,24 +586,31 @@ def test_a_short_sentence_made_whole_is_flowed_once_and_its_pieces_run_the_gener
     assert np.abs(whole).max() > 1e-3
 
 
+@pytest.fixture
+def stepped(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The intra-op threads of each window decoded on this thread, the helper's core taken
+    to be free, and this thread on one intra-op thread, as a worker is."""
+    if not threads_module.intra_op_available():
+        pytest.skip("this torch build has no GNU OpenMP and MKL to set per thread")
+    monkeypatch.setattr(lanes_module, "core_free", lambda: True)
+    threads_module.prepare_thread()
+    threads: list[int] = []
+    step = pieces_module.Piece.step
+
+    def counted(piece: pieces_module.Piece, upto: int, ahead: int = 0) -> None:
+        threads.append(torch.get_num_threads())
+        step(piece, upto, ahead)
+
+    monkeypatch.setattr(pieces_module.Piece, "step", counted)
+    return threads
+
+
 def test_a_short_sentence_made_whole_with_a_core_free_is_made_on_intra_op_threads(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        stepped: list[int]) -> None:
     """With the helper's core free, a short sentence nobody plays before it is all made is
     not cut: it is made here on two intra-op threads, the helper's core one of them, and
     is the one-shot audio. Played as it comes, or longer than ``INTRA_CONTEXTS`` times the
     context a cut computes again, it is cut for the helper on one thread as before."""
-    if not threads_module.intra_op_available():
-        pytest.skip("this torch build has no GNU OpenMP and MKL to set per thread")
-    monkeypatch.setattr(lanes_module, "core_free", lambda: True)
-    threads_module.prepare_thread()  # one intra-op thread, as a worker has
-    stepped: list[int] = []  # the intra-op threads of each window decoded here
-    step = pieces_module.Piece.step
-
-    def counted(piece: pieces_module.Piece, upto: int, ahead: int = 0) -> None:
-        stepped.append(torch.get_num_threads())
-        step(piece, upto, ahead)
-
-    monkeypatch.setattr(pieces_module.Piece, "step", counted)
     model = random_model(VARIANTS["multi_speaker"])
     g = model.speaker_embedding(2)
     bound = INTRA_CONTEXTS * (model.dec.receptive_field + model.flow.receptive_field)
@@ -767,26 +769,12 @@ def test_audio_wanted_whole_is_made_in_the_largest_windows(synth) -> None:  # ty
 
 
 def test_a_text_made_whole_hands_its_next_sentence_out_early_and_draws_noise_in_order(  # type: ignore[no-untyped-def]
-        synth, monkeypatch: pytest.MonkeyPatch) -> None:
+        synth, stepped: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     """Audio nobody plays before it is all made, of several sentences, with the helper's
     core free: a short sentence with another after it is not made on intra-op threads (the
     helper would have nothing to do), but begun in a small window, after which the helper
     gets the next sentence, whole: the sentences are decoded side by side. Looking for the
     next sentence does not change the noise a seed draws: the audio is the one-shot audio."""
-    if not threads_module.intra_op_available():
-        pytest.skip("this torch build has no GNU OpenMP and MKL to set per thread")
-    monkeypatch.setattr(lanes_module, "core_free", lambda: True)
-    threads_module.prepare_thread()
-    stepped: list[int] = []
-    step = pieces_module.Piece.step
-
-    def counted(piece: pieces_module.Piece, upto: int, ahead: int = 0) -> None:
-        stepped.append(torch.get_num_threads())
-        step(piece, upto, ahead)
-
-    monkeypatch.setattr(pieces_module.Piece, "step", counted)
-    import tts.sharing as sharing_module
-
     text = "Good morning. Turn on the kitchen lights."
     opts = SynthesisOptions(seed=7, sentence_silence=0.0)
     one_shot = synth.synthesize(text, opts)

@@ -424,9 +424,8 @@ class _Lanes:
                 return None
             self.sentences += 1
             return self.sentences - 1, *got[0]
-        prior, self.pulled = self.pulled, None
-        if prior is None:
-            prior = next(self.priors, None)
+        prior = self.pulled if self.pulled is not None else next(self.priors, None)
+        self.pulled = None
         if prior is None:
             self.more = False
             return None
