@@ -22,7 +22,7 @@ import tts.pieces as pieces_module
 import tts.sharing as sharing_module
 import tts.threads as threads_module
 from tts import SynthesisOptions
-from tts.lanes import INTRA_CONTEXTS, Prior, decode_sentences
+from tts.lanes import SHORT_CONTEXTS, Prior, decode_sentences
 from tts.pace import Pace, next_end
 from tts.pieces import HelperFailed, Helping, Latents, PieceJob
 from tts.sharing import Phases, in_order
@@ -563,27 +563,31 @@ def test_a_short_sentence_made_whole_is_flowed_once_and_its_pieces_run_the_gener
     """Audio nobody plays before it is all made (``whole``), with no core free
     for intra-op threads (beside a busy process): a short sentence goes through the flow
     once, before it is cut, and the helper's piece reads only the generator's context;
-    played as it comes, each piece runs the flow itself (the first audio does not wait for
-    the whole flow). Either way the audio is the one-shot audio."""
+    played as it comes, or longer than ``SHORT_CONTEXTS`` times the context a cut computes
+    again, each piece runs the flow itself (the first audio does not wait for the whole
+    flow; the helper does not idle while a long one's flow is made). Either way the audio
+    is the one-shot audio."""
     monkeypatch.setattr(lanes_module, "core_free", lambda: False)
     model = random_model(VARIANTS["multi_speaker"])
-    torch.manual_seed(10)
-    frames = 120
-    z_p = torch.randn(1, model.config.inter_channels, frames)
     g = model.speaker_embedding(2)
-    with torch.inference_mode():
-        whole = np.clip(model.decode(z_p, g)[0, 0].numpy(), -1, 1)
     dc, fc = model.dec.receptive_field, model.flow.receptive_field
-    for made_whole, flowed in ((True, True), (False, False)):
+    bound = SHORT_CONTEXTS * (dc + fc)
+    assert 120 <= bound
+    for frames, made_whole, flowed in ((120, True, True), (120, False, False),
+                                       (bound + 8, True, False)):
+        torch.manual_seed(frames)
+        z_p = torch.randn(1, model.config.inter_channels, frames)
+        with torch.inference_mode():
+            whole = np.clip(model.decode(z_p, g)[0, 0].numpy(), -1, 1)
         helpers = Inline(2)
         audio = np.concatenate([c for c, _ in decode_windows(
             model, z_p, g, largest=96, helpers=helpers, whole=made_whole)])
-        assert np.abs(audio - whole).max() < 1e-4, made_whole
+        assert np.abs(audio - whole).max() < 1e-4, (frames, made_whole)
+        assert np.abs(whole).max() > 1e-3
         [job] = helpers.handed
-        assert job.flowed is flowed
+        assert job.flowed is flowed, (frames, made_whole)
         assert job.start == dc + (0 if flowed else fc)  # the context it reads before its start
         assert job.z.shape[-1] == frames - frames // 2 + job.start
-    assert np.abs(whole).max() > 1e-3
 
 
 @pytest.fixture
@@ -609,11 +613,11 @@ def test_a_short_sentence_made_whole_with_a_core_free_is_made_on_intra_op_thread
         stepped: list[int]) -> None:
     """With the helper's core free, a short sentence nobody plays before it is all made is
     not cut: it is made here on two intra-op threads, the helper's core one of them, and
-    is the one-shot audio. Played as it comes, or longer than ``INTRA_CONTEXTS`` times the
+    is the one-shot audio. Played as it comes, or longer than ``SHORT_CONTEXTS`` times the
     context a cut computes again, it is cut for the helper on one thread as before."""
     model = random_model(VARIANTS["multi_speaker"])
     g = model.speaker_embedding(2)
-    bound = INTRA_CONTEXTS * (model.dec.receptive_field + model.flow.receptive_field)
+    bound = SHORT_CONTEXTS * (model.dec.receptive_field + model.flow.receptive_field)
     for frames, made_whole, cut in ((120, True, False), (120, False, True),
                                     (bound + 8, True, True)):
         torch.manual_seed(frames)

@@ -52,11 +52,15 @@ from .vits.model import PriorParts
 # medium voice, is paid again for every cut).
 MIN_PIECE = 48
 FLOW_AHEAD = 256  # frames the flow may run ahead of the generator at most
-# A short sentence nobody plays before it is all made is computed on intra-op threads rather
-# than cut for a helper while it is at most this many times the context a cut computes again
-# (``dc + fc``, 54 frames for a medium voice): two threads within each operation gain ~1.6x
-# over one, two pieces 2x less the context, which the longer sentence pays for.
-INTRA_CONTEXTS = 4
+# The last sentence of a text nobody plays before it is all made is short while it is at
+# most this many times the context a cut computes again (``dc + fc``, 54 frames for a medium
+# voice). Begun with the helpers idle, it is computed on intra-op threads rather than cut
+# for a helper: two threads within each operation gain ~1.6x over one, two pieces 2x less
+# the context, which the longer sentence pays for. Cut (no core was free), its flow is made
+# whole first (``_flowed``). A longer one's pieces each run the flow over their own frames:
+# the flow shared over two threads gained only 0.9-1.3x over one at 208-543 frames (AVX2),
+# less than a cut's 43 frames of context cost, and the helper idled until it was done.
+SHORT_CONTEXTS = 4
 
 Prior = tuple[Tensor | Iterable[Tensor], Tensor | None]
 """A sentence's prior latent, whole or in parts along time, and its speaker conditioning."""
@@ -168,8 +172,7 @@ class _Lanes:
             return self._start_playing()  # a sentence of no frames: the next one
         span = _Span(k, latents, g, 0, None)
         self.spans.append(span)
-        if (latents.complete and lend and self._alone(k)
-                and latents.frames <= INTRA_CONTEXTS * (dc + fc) and intra_op_available()
+        if (lend and self._alone(k) and self._short(latents) and intra_op_available()
                 and core_free()):
             # A short sentence nobody plays before it is all made, the last of its text,
             # begun with the helpers idle: made here in one window on their cores as
@@ -221,6 +224,11 @@ class _Lanes:
             self.prior_ahead = (wait, got)
         else:  # not begun (no core free): computed when handed out
             self.pulled = pulled
+
+    def _short(self, latents: Latents) -> bool:
+        """A whole sentence at most ``SHORT_CONTEXTS`` times a cut's context long."""
+        context = self.model.dec.receptive_field + self.model.flow.receptive_field
+        return latents.complete and latents.frames <= SHORT_CONTEXTS * context
 
     def _alone(self, sentence: int) -> bool:
         """Nobody plays the text before it is all made, and nothing of it follows this
@@ -352,7 +360,7 @@ class _Lanes:
         start, frames = (0 if span.piece is None else span.piece.reached), span.latents.frames
         k = min(self.helpers.lanes, (frames - start) // MIN_PIECE)
         if k >= 2:
-            if span.piece is None and self._alone(span.sentence):
+            if span.piece is None and self._alone(span.sentence) and self._short(span.latents):
                 span.latents = self._flowed(span.latents, span.g)
             bounds = [start + round(i * (frames - start) / k) for i in range(k)] + [frames]
             span.end = bounds[1]
@@ -369,11 +377,11 @@ class _Lanes:
     def _flowed(self, latents: Latents, g: Tensor | None) -> Latents:
         """A short sentence's prior through the flow at once, on this thread and the sharing
         one (``tts.flow_shared``), for the last sentence of audio nobody plays before it is
-        all made that is cut for the helpers (no core was free for intra-op threads, or it
-        is too long to gain by them): its pieces then run the generator alone, and none
-        runs the flow over its context again. Not for audio played as it comes: the whole
-        flow before the first window puts a short command's first audio ~25 ms later, for
-        ~15 ms less in all."""
+        all made that is cut for the helpers because no core was free for intra-op threads
+        (``SHORT_CONTEXTS``): its pieces then run the generator alone, and none runs the
+        flow over its context again. Not for audio played as it comes: the whole flow
+        before the first window puts a short command's first audio ~25 ms later, for ~15 ms
+        less in all."""
         with torch.inference_mode():
             assert latents.z is not None
             z = reverse_shared(self.model.flow, latents.z, g, sharing_thread().run)
