@@ -8,13 +8,16 @@ Usage: ``python tests/speaker_driver.py SPEC.json``; prints one JSON line per pl
 Plays follow each other once the device has gone quiet, unless a play says
 ``"back_to_back": true`` (then it is called the moment the previous one returns, as the
 scheduler does). ``"late": [[i, seconds], ...]``: chunk i comes that much later (audio from
-the network); ``"preroll"`` is play()'s. ``"key"`` names a play for ``cut(key)``/``cue(key,
-...)``, ``"gap"`` is its ``pause``; ``"after_first_audio": [[seconds, action], ...]`` and
-``"after_return": [action, ...]`` run actions: ``{"cue": {"pcm", "key", "gap"}}`` or
-``{"cut": key}``. ``"start_at"`` (wall clock) or ``"start_in"`` (seconds after the play is
-called) is its ``start_at``; with ``"start_at": "stdin"`` the driver prints ``{"ready":
-true}`` and reads it from a line on its standard input (several drivers, started under
-load, can be given one start time).
+the network); ``"pause": {"at": i, "extra": seconds}``: chunk i comes that long after the
+chunks before it have played (counted from the play's first audio): a starved device;
+``"preroll"`` is play()'s. ``"fail_at_chunk": i``: the source raises instead of sending
+chunk i (with ``"fail_after_first_audio": seconds``, that long after the play's first
+audio). ``"key"`` names a play for ``cut(key)``/``cue(key, ...)``, ``"gap"`` is its
+``pause``; ``"after_first_audio": [[seconds, action], ...]`` and ``"after_return": [action,
+...]`` run actions: ``{"cue": {"pcm", "key", "gap"}}`` or ``{"cut": key}``. ``"start_at"``
+(wall clock) or ``"start_in"`` (seconds after the play is called) is its ``start_at``; with
+``"start_at": "stdin"`` the driver prints ``{"ready": true}`` and reads it from a line on
+its standard input (several drivers, started under load, can be given one start time).
 
 With ``fifo`` in the spec, this process also plays the part of the sound card's clock: a
 thread reads the FIFO (shrunk to one page) at ``bytes_per_second`` and appends what it reads
@@ -132,6 +135,16 @@ class Pacer:
                 time.sleep(due - now)
 
 
+async def first_heard(state: dict[str, Any]) -> float:
+    """When the play signalled its first audio (``time.monotonic()``), once it has. A sink
+    that never signals it must fail the test, not hang the driver: then the time it was
+    given up on (FIRST_AUDIO_TIMEOUT)."""
+    give_up = time.monotonic() + FIRST_AUDIO_TIMEOUT
+    while state["first_audio"] is None and time.monotonic() < give_up:
+        await asyncio.sleep(0.01)
+    return state["first_audio"] if state["first_audio"] is not None else time.monotonic()
+
+
 async def chunks(pcm: bytes, chunk_bytes: int, play: dict[str, Any], state: dict[str, Any],
                  sink: Any) -> AsyncIterator[bytes]:
     pause = play.get("pause")  # {"at": chunk index, "extra": seconds of starvation}
@@ -139,13 +152,8 @@ async def chunks(pcm: bytes, chunk_bytes: int, play: dict[str, Any], state: dict
     count = (len(pcm) + chunk_bytes - 1) // chunk_bytes
     for i in range(count):
         if pause and i == pause["at"]:
-            # Wait until what was sent has played, then starve the device for `extra` s. A
-            # sink that never signals first audio must fail the test, not hang the driver.
-            give_up = time.monotonic() + FIRST_AUDIO_TIMEOUT
-            while state["first_audio"] is None and time.monotonic() < give_up:
-                await asyncio.sleep(0.01)
-            heard = state["first_audio"] if state["first_audio"] is not None else time.monotonic()
-            played_by = heard + i * chunk_bytes / rate_bytes + pause["extra"]
+            # Wait until what was sent has played, then starve the device for `extra` s.
+            played_by = await first_heard(state) + i * chunk_bytes / rate_bytes + pause["extra"]
             await asyncio.sleep(max(0.0, played_by - time.monotonic()))
         if play.get("slow"):
             await asyncio.sleep(play["slow"])
@@ -153,6 +161,9 @@ async def chunks(pcm: bytes, chunk_bytes: int, play: dict[str, Any], state: dict
         if late:
             await asyncio.sleep(late)
         if play.get("fail_at_chunk") == i:
+            if play.get("fail_after_first_audio") is not None:  # while what came before plays
+                await first_heard(state)
+                await asyncio.sleep(play["fail_after_first_audio"])
             raise RuntimeError("synthesis failed (on purpose)")
         state["sent"] = i + 1
         state["sent_at"].append(time.time())

@@ -43,6 +43,7 @@ RATE = 22050
 PIPE_BYTES = 4096  # the paced FIFO's size: what may still sit between "drained" and the pacer
 LONG = "The kitchen timer is done, and the laundry has finished its cycle."
 SHORT = "Hello there, nice to meet you."
+FAIL_AT = 30  # the failing source's chunk (of 2048 samples): 2.8 s of the long utterance
 
 
 @dataclass
@@ -126,7 +127,11 @@ def paced_run(speech, tmp_path_factory) -> dict[str, Any]:  # type: ignore[no-un
         # The task running play() is cancelled (service shutdown): it must still fade.
         "cancel": {"pcm": long, "rate": RATE, "cancel_after_first_audio": 0.6},
         # The source (synthesis) fails mid-utterance: its error comes out of play(), faded.
-        "source_error": {"pcm": long, "rate": RATE, "slow": 0.05, "fail_at_chunk": 15},
+        # Its good chunks come at once and only the failure waits, 0.8 s into the audio
+        # with 2.8 s of it buffered: no source pacing (which a busy host stretches) can let
+        # the device run dry before the error (an underrun is silence, not a fade).
+        "source_error": {"pcm": long, "rate": RATE, "fail_at_chunk": FAIL_AT,
+                         "fail_after_first_audio": 0.8},
         # Everything sent, then 0.8 s of nothing mid-utterance, then the rest.
         "underrun": {"pcm": short, "rate": RATE, "chunk_bytes": 4410 * 2,
                      "pause": {"at": 1, "extra": 0.8}, "settings": {"preroll_ms": 60.0}},
@@ -251,8 +256,12 @@ def test_cancelled_play_fades_out(paced_run: dict[str, Any]) -> None:
 def test_source_error_comes_out_of_play_after_a_fade(paced_run: dict[str, Any]) -> None:
     r = paced_run["source_error"]
     assert r["source_error"] == "synthesis failed (on purpose)"
-    heard = assert_fades_out(r["input"], r["output"])
-    assert heard <= 15 * 2048  # nothing after the last chunk the source delivered
+    x, out = r["input"], r["output"]
+    # Faded where the device was when the error came: what the source delivered that had not
+    # been played is dropped, not played out first (nor anything after it).
+    heard = int(np.flatnonzero(out)[-1]) + 1 - align(out, x)
+    assert heard < FAIL_AT * 2048, f"{heard / RATE:.2f} s of {FAIL_AT * 2048 / RATE:.2f} s heard"
+    assert_fades_out(x, out)
 
 
 def test_cut_before_any_audio(paced_run: dict[str, Any]) -> None:
