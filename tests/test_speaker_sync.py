@@ -24,11 +24,20 @@ import numpy as np
 import pytest
 from audio_checks import as_samples, assert_pcm_close, assert_speech, reference_pcm
 from conftest import ROOT
-from test_speaker import DRIVER, LONG, RATE, SHORT, align, locate, paced_device, run_driver
+from test_speaker import (
+    DRIVER,
+    LONG,
+    RATE,
+    SHORT,
+    align,
+    heard_at,
+    locate,
+    paced_device,
+    run_driver,
+)
 
 from tts import SynthesisOptions
 
-BYTES_PER_SECOND = RATE * 2
 TOGETHER = 0.03  # seconds: two speakers playing one announcement start at most this apart
 # How far two stream starts' unreported latencies on the paced device may differ: the
 # pacer's reads are 512 bytes (12 ms) apart, and its thread wakes a few ms late at times.
@@ -45,13 +54,6 @@ def speech(synth, tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
     path = tmp_path_factory.mktemp("speech") / "short.raw"
     path.write_bytes(reference_pcm(synth, SHORT, SynthesisOptions(seed=3)))
     return path
-
-
-def heard_at(stamps: list[list[float]], byte: int) -> float:
-    """Wall-clock time the paced device played ``byte`` of its output (from the pacer's
-    read times: a read is played from the moment it is made, at the device's rate)."""
-    consumed, at = max((s for s in stamps if s[0] <= byte), key=lambda s: s[0])
-    return at + (byte - consumed) / BYTES_PER_SECOND
 
 
 def plays_heard(results: list[dict[str, Any]], device: bytes, x: np.ndarray
