@@ -139,10 +139,15 @@ def test_a_preroll_holds_the_first_audio_until_it_is_buffered(  # type: ignore[n
         short, tmp_path: Path) -> None:
     dev = paced_device(tmp_path, RATE)
     x = as_samples(short.read_bytes())
-    play = {"pcm": str(short), "rate": RATE, "chunk_bytes": CHUNK * 2, "late": [[1, LATE]]}
+    play = {"pcm": str(short), "rate": RATE, "chunk_bytes": CHUNK * 2}
     held, unheld = plays_heard(run_driver(dev.spec(stamp=True, plays=[
-        dict(play, preroll=0.15),  # the fleet's pre-roll: two chunks
-        play,                      # speaker.preroll_ms alone (60 ms): the first chunk
+        # The fleet's pre-roll, two chunks: nothing can start before the second one, late
+        # by LATE from the first (which gives a sink that doesn't hold the time to show it).
+        dict(play, preroll=0.15, late=[[1, LATE]]),
+        # speaker.preroll_ms alone (60 ms), the first chunk: the second one comes LATE after
+        # the first has played, counted from its first audio, so however long the stream
+        # takes to start, the first audio comes before it and the device runs dry.
+        dict(play, pause={"at": 1, "extra": LATE}),
     ]), dev.env, tmp_path), dev.out.read_bytes(), x)
     # Held: nothing went out before the second chunk was there, and then it played through.
     assert held["error"] is None, held
