@@ -89,12 +89,12 @@ def render(synth: Any) -> Any:
 
 
 def add(workers: list[ProtocolWorker], satellite: Satellite, synth: Any, name: str,
-        client: Client, **behaviour: Any) -> ProtocolWorker:
+        **behaviour: Any) -> ProtocolWorker:
+    """Start a worker and wait until the satellite has taken in its presence (its view of the
+    fleet is what it sends jobs by; each worker here has a name of its own)."""
     w = ProtocolWorker(satellite.broker.port, name, render(synth), Behaviour(**behaviour))
     workers.append(w)
-    client.wait(lambda ms: any(m.topic == f"{FLEET}/nodes/{name}" and m.json()["state"]
-                               == "online" for m in ms), 10, f"{name} online")
-    time.sleep(0.3)  # the satellite hears the same retained presence
+    satellite.wait_log(f"fleet: {name} is online", 10)
     return w
 
 
@@ -136,7 +136,7 @@ def test_no_worker_online_is_unavailable_and_sends_nothing(client: Client) -> No
 
 def test_say_through_one_worker(client: Client, satellite: Satellite, synth: Any,
                                 workers: list[ProtocolWorker]) -> None:
-    w = add(workers, satellite, synth, "w-one", client)
+    w = add(workers, satellite, synth, "w-one")
     before = len(satellite.alsa.pcm())
     client.say(id="one1", text=TEXT, sinks=["speaker", "mqtt"])
     assert client.wait_event("one1")["event"] == "finished"
@@ -160,7 +160,7 @@ def test_say_through_one_worker(client: Client, satellite: Satellite, synth: Any
 
 def test_unknown_voice_is_refused_at_once(client: Client, satellite: Satellite, synth: Any,
                                           workers: list[ProtocolWorker]) -> None:
-    w = add(workers, satellite, synth, "w-voice", client)
+    w = add(workers, satellite, synth, "w-voice")
     client.say(id="uv1", text=TEXT, voice="de_DE-nobody-low")
     ev = client.wait_event("uv1", timeout=5)
     assert (ev["event"], ev["code"]) == ("error", "unknown-voice"), ev
@@ -172,7 +172,7 @@ def test_unknown_voice_is_refused_at_once(client: Client, satellite: Satellite, 
 
 def test_a_stop_cancels_the_job(client: Client, satellite: Satellite, synth: Any,
                                 workers: list[ProtocolWorker]) -> None:
-    w = add(workers, satellite, synth, "w-stop", client, pace=0.1)
+    w = add(workers, satellite, synth, "w-stop", pace=0.1)
     client.say(id="st1", text=TEXT)
     client.wait_event("st1", ("started",))
     client.wait(lambda ms: len(w.seen.published.get("st1", [])) >= 3, 10, "a few chunks")
@@ -187,7 +187,7 @@ def test_a_stop_cancels_the_job(client: Client, satellite: Satellite, synth: Any
 def test_say_stream_goes_to_the_worker_piece_by_piece(
         client: Client, satellite: Satellite, synth: Any,
         workers: list[ProtocolWorker]) -> None:
-    w = add(workers, satellite, synth, "w-stream", client)
+    w = add(workers, satellite, synth, "w-stream")
     pieces = ["The weather today: ", "sunny in the morning, ", "rain after lunch."]
     for seq, text in enumerate(pieces):
         client.publish("say/stream", json.dumps({"id": "ss1", "seq": seq, "text": text,
@@ -206,8 +206,8 @@ def test_say_stream_goes_to_the_worker_piece_by_piece(
 def test_busy_workers_make_the_owner_send_again(client: Client, satellite: Satellite,
                                                 synth: Any,
                                                 workers: list[ProtocolWorker]) -> None:
-    busy = add(workers, satellite, synth, "w-busy", client, busy=True)
-    good = add(workers, satellite, synth, "w-good", client)
+    busy = add(workers, satellite, synth, "w-busy", busy=True)
+    good = add(workers, satellite, synth, "w-good")
     for i in range(3):  # the broker deals the sends out in turn: some land on the busy one
         client.say(id=f"b{i}", text="Busy or not.", sinks=["mqtt"])
         assert client.wait_event(f"b{i}")["event"] == "finished"
@@ -223,12 +223,12 @@ def test_a_job_waits_for_busy_workers_however_many_sends_it_takes(
         workers: list[ProtocolWorker]) -> None:
     """Busy answers prove the workers are there: the job waits for room, as in a single
     herald's queue, rather than failing after ``attempts`` sends like a job nobody answers."""
-    busy = add(workers, satellite, synth, "w-full", client, busy=True)
+    busy = add(workers, satellite, synth, "w-full", busy=True)
     client.say(id="full1", text="Wait for a worker.", sinks=["mqtt"])
     client.wait(lambda ms: sum(1 for j, _, s in busy.seen.states if j == "full1"
                                and s == "busy") > ATTEMPTS, 15, "more busy answers than attempts")
     assert not [e for e in client.events("full1") if e["event"] in ("error", "finished")]
-    good = add(workers, satellite, synth, "w-free", client)
+    good = add(workers, satellite, synth, "w-free")
     assert client.wait_event("full1", timeout=15)["event"] == "finished"
     assert any(j == "full1" and s == "claimed" for j, _, s in good.seen.states)
 
@@ -236,7 +236,7 @@ def test_a_job_waits_for_busy_workers_however_many_sends_it_takes(
 def test_no_answer_gives_up_after_the_attempts(client: Client, satellite: Satellite,
                                                synth: Any,
                                                workers: list[ProtocolWorker]) -> None:
-    mute = add(workers, satellite, synth, "w-mute", client, silent=True)
+    mute = add(workers, satellite, synth, "w-mute", silent=True)
     t0 = time.monotonic()
     client.say(id="mute1", text=TEXT)
     ev = client.wait_event("mute1", timeout=10)
@@ -251,10 +251,10 @@ def test_a_worker_dying_mid_job_is_resumed_on_another(
         workers: list[ProtocolWorker]) -> None:
     """The owner hears nothing from the worker for dead_after, sends the job again from
     the chunks it has in a row, and the audio is whole: no chunk twice, none missing."""
-    first = add(workers, satellite, synth, "w-dies", client, die_after=8, pace=0.05)
+    first = add(workers, satellite, synth, "w-dies", die_after=8, pace=0.05)
     client.say(id="die1", text=TEXT, sinks=["speaker", "mqtt"])
     client.wait(lambda ms: first.seen.states, 10, "the first claim")
-    second = add(workers, satellite, synth, "w-takes-over", client)
+    second = add(workers, satellite, synth, "w-takes-over")
     assert client.wait_event("die1")["event"] == "finished"
     assert kinds(client, "die1") == ["queued", "started", "resumed", "finished"]
     resumed = next(e for e in client.events("die1") if e["event"] == "resumed")
