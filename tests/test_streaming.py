@@ -558,6 +558,21 @@ def test_the_flow_shared_out_by_columns_equals_its_one_shot_reverse(variant: str
             assert whole.abs().max() > 1e-2  # not two silences
 
 
+def _decoded_by_two_lanes(model: Vits, g: torch.Tensor | None, frames: int, whole: bool) -> Inline:
+    """A random prior of ``frames`` (seeded by them) decoded at two lanes, ``whole`` or
+    played, checked to be the one-shot audio (and not silence); the helpers it went to."""
+    torch.manual_seed(frames)
+    z_p = torch.randn(1, model.config.inter_channels, frames)
+    with torch.inference_mode():
+        one_shot = np.clip(model.decode(z_p, g)[0, 0].numpy(), -1, 1)
+    helpers = Inline(2)
+    audio = np.concatenate([c for c, _ in decode_windows(
+        model, z_p, g, largest=96, helpers=helpers, whole=whole)])
+    assert np.abs(audio - one_shot).max() < 1e-4, (frames, whole)
+    assert np.abs(one_shot).max() > 1e-3
+    return helpers
+
+
 def test_a_short_sentence_made_whole_is_flowed_once_and_its_pieces_run_the_generator(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Audio nobody plays before it is all made (``whole``), with no core free
@@ -575,16 +590,7 @@ def test_a_short_sentence_made_whole_is_flowed_once_and_its_pieces_run_the_gener
     assert 120 <= bound
     for frames, made_whole, flowed in ((120, True, True), (120, False, False),
                                        (bound + 8, True, False)):
-        torch.manual_seed(frames)
-        z_p = torch.randn(1, model.config.inter_channels, frames)
-        with torch.inference_mode():
-            whole = np.clip(model.decode(z_p, g)[0, 0].numpy(), -1, 1)
-        helpers = Inline(2)
-        audio = np.concatenate([c for c, _ in decode_windows(
-            model, z_p, g, largest=96, helpers=helpers, whole=made_whole)])
-        assert np.abs(audio - whole).max() < 1e-4, (frames, made_whole)
-        assert np.abs(whole).max() > 1e-3
-        [job] = helpers.handed
+        [job] = _decoded_by_two_lanes(model, g, frames, made_whole).handed
         assert job.flowed is flowed, (frames, made_whole)
         assert job.start == dc + (0 if flowed else fc)  # the context it reads before its start
         assert job.z.shape[-1] == frames - frames // 2 + job.start
@@ -620,16 +626,8 @@ def test_a_short_sentence_made_whole_with_a_core_free_is_made_on_intra_op_thread
     bound = SHORT_CONTEXTS * (model.dec.receptive_field + model.flow.receptive_field)
     for frames, made_whole, cut in ((120, True, False), (120, False, True),
                                     (bound + 8, True, True)):
-        torch.manual_seed(frames)
-        z_p = torch.randn(1, model.config.inter_channels, frames)
-        with torch.inference_mode():
-            whole = np.clip(model.decode(z_p, g)[0, 0].numpy(), -1, 1)
-        helpers = Inline(2)
         stepped.clear()
-        audio = np.concatenate([c for c, _ in decode_windows(
-            model, z_p, g, largest=96, helpers=helpers, whole=made_whole)])
-        assert np.abs(audio - whole).max() < 1e-4, (frames, made_whole)
-        assert np.abs(whole).max() > 1e-3
+        helpers = _decoded_by_two_lanes(model, g, frames, made_whole)
         assert len(helpers.handed) == (1 if cut else 0), (frames, made_whole)
         assert set(stepped) == ({1} if cut else {2}), (frames, made_whole)
         assert torch.get_num_threads() == 1  # given back

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from test_scheduler import until
 
 from daemon.synthesis.workers import Render, Workers
 
@@ -211,9 +212,7 @@ async def test_a_parked_render_holds_no_thread(workers) -> None:
     def made() -> int:
         return sum(tag == "stalled" for tag, _, _ in log)
 
-    deadline = time.monotonic() + 10
-    while made() < 4 and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(until(lambda: made() >= 4), 10)
     await asyncio.sleep(0.2)  # time for a fifth, were it not parked
     assert made() == 4
     stalled.close()

@@ -59,7 +59,7 @@ FLOW_AHEAD = 256  # frames the flow may run ahead of the generator at most
 # the context, which the longer sentence pays for. Cut (no core was free), its flow is made
 # whole first (``_flowed``). A longer one's pieces each run the flow over their own frames:
 # the flow shared over two threads gained only 0.9-1.3x over one at 208-543 frames (AVX2),
-# less than a cut's 43 frames of context cost, and the helper idled until it was done.
+# less than a cut's 43 frames of context cost, and the helper would idle until it was done.
 SHORT_CONTEXTS = 4
 
 Prior = tuple[Tensor | Iterable[Tensor], Tensor | None]
