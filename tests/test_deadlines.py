@@ -47,6 +47,23 @@ def test_a_new_stream_waits_when_every_deadline_together_would_be_missed() -> No
     assert pick(waiting, NOW, [0.05, 0.05]) == 0
 
 
+def test_the_playing_streams_steps_are_counted_on_whichever_worker_is_free_first() -> None:
+    """Two playing streams with 0.25 s of audio left, steps of 0.1 s, a new stream's first
+    step of 0.2 s: one worker cannot do all three in time, two can (the new step on one, the
+    playing ones on the other), unless the other is busy until too late."""
+    waiting = [playing(NOW + 0.25, cost=0.1), playing(NOW + 0.25, cost=0.1), new(cost=0.2)]
+    assert not feasible(0.2, waiting[:2], NOW)
+    assert pick(waiting, NOW, [0.05, 0.05], workers=2) == 0
+    idle = [NOW - 1.0]  # idle since a second: free now
+    assert feasible(0.2, waiting[:2], NOW, others=idle)
+    assert pick(waiting, NOW, [0.05, 0.05], workers=2, others=idle) == 2
+    # The other worker's step ends in 0.1 s: the second playing stream's step ends at 0.3 s.
+    assert not feasible(0.2, waiting[:2], NOW, others=[NOW + 0.1])
+    assert pick(waiting, NOW, [0.05, 0.05], workers=2, others=[NOW + 0.1]) == 0
+    # Free in 0.02 s: both playing steps fit on it, the second done at 0.22 s.
+    assert feasible(0.2, waiting[:2], NOW, others=[NOW + 0.02])
+
+
 def test_a_stream_that_does_not_fit_in_real_time_waits() -> None:
     heavy = [0.3, 0.3]  # two playing streams need 60% of one worker
     assert not admitted(new(), heavy, workers=1)

@@ -7,7 +7,10 @@ delays every playing stream, whether or not they have audio to spare. So:
 
 * a stream that has not started (or a job that is not a stream at all, such as a voice
   loading) goes first, in the order they came, unless computing its next step would make a
-  playing stream miss its deadline;
+  playing stream miss its deadline. The playing streams' steps are counted on whichever
+  worker is free first, as they will run: counted as if one worker took them all, two
+  workers keep the playing streams a second or more ahead while new ones wait (six streams
+  on two workers: the last first audio a third later, bench/README.md);
 * otherwise the playing stream whose audio runs out first goes (earliest deadline first);
 * a stream's windows hold enough audio to last while the others take their turns
   (``least_audio``): a stream that starts while five more wait for their first audio
@@ -21,6 +24,7 @@ Pure functions on plain values: ``daemon.synthesis.workers`` measures and calls 
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,16 +45,20 @@ class Due:
 
 
 def feasible(first_cost: float, playing: Sequence[Due], now: float,
-             margin: float = MARGIN) -> bool:
+             margin: float = MARGIN, others: Sequence[float] = ()) -> bool:
     """Whether every playing stream still meets its deadline if a step of ``first_cost``
-    seconds runs first and the playing ones then take one step each, earliest deadline
-    first."""
-    t = now + first_cost
+    seconds runs first on the worker choosing, and the playing ones then take one step
+    each, earliest deadline first, each on whichever worker is free first. ``others``: when
+    each of the other workers is free (the estimated end of its step; ``now`` or earlier:
+    idle)."""
+    free = [now + first_cost, *(max(now, t) for t in others)]
+    heapq.heapify(free)
     for due in sorted(playing, key=lambda d: d.runs_out or 0.0):
-        t += due.cost
         assert due.runs_out is not None
-        if t + margin > due.runs_out:
+        done = heapq.heappop(free) + due.cost
+        if done + margin > due.runs_out:
             return False
+        heapq.heappush(free, done)
     return True
 
 
@@ -83,18 +91,19 @@ def admitted(new: Due, playing_rtfs: Sequence[float], workers: int,
 
 
 def pick(waiting: Sequence[Due], now: float, playing_rtfs: Sequence[float] = (),
-         workers: int = 1) -> int | None:
+         workers: int = 1, others: Sequence[float] = ()) -> int | None:
     """Index of the job in ``waiting`` to run next; None: none may run now (the only ones
     waiting are new streams that do not fit, see ``admitted``).
 
     ``playing_rtfs``: the real-time factors of every stream playing now, waiting or not
-    (a stream whose listener has enough buffered is not in ``waiting`` but needs its share)."""
+    (a stream whose listener has enough buffered is not in ``waiting`` but needs its share).
+    ``others``: when each worker but the one choosing is free (``feasible``)."""
     playing = [i for i, d in enumerate(waiting) if d.runs_out is not None]
-    others = [i for i, d in enumerate(waiting) if d.runs_out is None
-              and admitted(d, playing_rtfs, workers)]
-    if others:
-        first = min(others, key=lambda i: waiting[i].queued)
-        if feasible(waiting[first].cost, [waiting[i] for i in playing], now):
+    starting = [i for i, d in enumerate(waiting) if d.runs_out is None
+                and admitted(d, playing_rtfs, workers)]
+    if starting:
+        first = min(starting, key=lambda i: waiting[i].queued)
+        if feasible(waiting[first].cost, [waiting[i] for i in playing], now, others=others):
             return first
     if playing:
         return min(playing, key=lambda i: waiting[i].runs_out or 0.0)

@@ -100,7 +100,7 @@ class Workers:
                 raise RuntimeError("the synthesis workers are shut down")
             self._waiting.append(_Queued(job, due, time.monotonic()))
             if self._idle:
-                chosen = self._choose()
+                chosen = self._choose(self._idle[-1])
                 if chosen is not None:
                     self._idle.pop().give(chosen)
 
@@ -150,27 +150,35 @@ class Workers:
             if self._closed:
                 return None
             if again and not self._waiting:
-                return _Queued(job, due, time.monotonic())
+                same = _Queued(job, due, time.monotonic())
+                worker.until = same.queued + same.state(self.first_cost).cost
+                return same
             if again:
                 self._waiting.append(_Queued(job, due, time.monotonic()))
-            chosen = self._choose()
+            chosen = self._choose(worker)
             if chosen is None:
                 self._idle.append(worker)
             return chosen
 
-    def _choose(self) -> _Queued | None:
-        """Takes the job to run next out of the waiting ones (under the lock)."""
+    def _choose(self, worker: _Worker) -> _Queued | None:
+        """Takes the job ``worker`` runs next out of the waiting ones (under the lock)."""
+        worker.until = 0.0
         if not self._waiting:
             return None
         states, rtfs = self._states()
-        i = pick(states, time.monotonic(), rtfs, self._n)
+        now = time.monotonic()
+        i = pick(states, now, rtfs, self._n,
+                 [w.until for w in self._workers if w is not worker])
         held = sum(1 for k, d in enumerate(states)
                    if k != i and d.runs_out is None and not admitted(d, rtfs, self._n))
         if held > self.held:
             log.info("synthesis: %d new stream(s) wait: the %d playing need %.0f%% of the "
                      "workers' time", held, len(rtfs), 100 * sum(rtfs) / self._n)
         self.held = held
-        return None if i is None else self._waiting.pop(i)
+        if i is None:
+            return None
+        worker.until = now + states[i].cost
+        return self._waiting.pop(i)
 
     def work_ahead(self) -> float | None:
         """From a step: the seconds, per worker, of the steps waiting now that may run before
@@ -218,6 +226,10 @@ class _Worker:
     def __init__(self, pool: Workers, name: str) -> None:
         self.pool = pool
         self.after: list[Callable[[], object]] = []
+        # When its step should be done (monotonic seconds, the step's estimated cost); 0.0
+        # idle. The scheduler counts on it for when this worker can take a playing stream's
+        # next step (``daemon.synthesis.deadlines.feasible``).
+        self.until = 0.0
         self._given: _Queued | None = None
         self._wake = threading.Event()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
