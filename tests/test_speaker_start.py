@@ -156,11 +156,13 @@ def test_a_preroll_holds_the_first_audio_until_it_is_buffered(  # type: ignore[n
     got = held["output"][held["start"]:held["start"] + len(x)]
     assert np.array_equal(got, x), "the held utterance is not played as it was"
     # The first-audio event (what stamps a latency record's first_audio_ms) is when the
-    # audio went to the device, not when the first chunk came; the device played it after.
+    # audio went to the device, not when the first chunk came, nor once it has played. (The
+    # device's read and the event's callback on the loop both follow the write, in either
+    # order: how soon the loop runs the callback is the host's, not herald's.)
     second_chunk = held["sent_at"][1]
     assert held["first_audio_at"] >= second_chunk
-    assert held["heard"] >= held["first_audio_at"] - 0.01, (held["heard"],
-                                                              held["first_audio_at"])
+    assert held["first_audio_at"] < held["heard"] + len(x) / RATE / 2, (
+        held["heard"], held["first_audio_at"])
     # Without it, the first chunk plays at once and the late second one is a gap.
     assert unheld["error"] is None, unheld
     assert unheld["sent_at_first_audio"] == 1, unheld["sent_at_first_audio"]
