@@ -14,7 +14,8 @@ import time
 from collections.abc import AsyncGenerator
 
 import pytest
-from test_scheduler import PacedSpeaker, rig, until
+from test_scheduler import PacedSpeaker, rig
+from waiting import until
 
 from daemon.errors import RequestError
 from daemon.jobs.request import Request
@@ -87,10 +88,10 @@ async def test_stopping_a_request_closes_its_source() -> None:
     r = rig(None)  # type: ignore[arg-type]
     feed = Feed(tone(5.0), pace=0.05)
     done = r.scheduler.submit(played("long", feed))
-    await asyncio.wait_for(until(lambda: feed.sent >= 3), 5)
+    await until(lambda: feed.sent >= 3, "three pieces sent", 5)
     r.scheduler.stop("long")
     assert await asyncio.wait_for(done, 5) == "stopped"
-    await asyncio.wait_for(until(lambda: feed.closed), 5)
+    await until(lambda: feed.closed, "the feed closed", 5)
     assert feed.sent < 20
     assert r.events[-1] == ("long", "stopped")
     assert r.records[-1].outcome == "stopped"
@@ -102,7 +103,7 @@ async def test_a_source_waiting_for_text_is_not_stuck() -> None:
     r = rig(None)  # type: ignore[arg-type]
     feed = Feed(tone(5.0), pace=0.05)
     done = r.scheduler.submit(played("w", feed))
-    await asyncio.wait_for(until(lambda: feed.sent >= 1), 5)
+    await until(lambda: feed.sent >= 1, "a piece sent", 5)
     assert r.scheduler.busy()
     feed.waiting = True
     assert not r.scheduler.busy()

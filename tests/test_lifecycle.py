@@ -8,7 +8,6 @@ test's event loop, over real TCP: aiohttp and the ``wyoming`` library as the cli
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import pytest
 from audio_checks import assert_speech, pcm16
 from conftest import free_port
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import until
 from wyoming.audio import AudioChunk
 from wyoming.client import AsyncTcpClient
 from wyoming.event import write_event
@@ -84,12 +84,6 @@ async def fronts(engine: Engine) -> AsyncIterator[list[Fronts]]:
         await f.http.stop()
 
 
-async def eventually(condition: object, what: str) -> None:
-    async with asyncio.timeout(GUARD):
-        while not condition():  # type: ignore[operator]
-            await asyncio.sleep(0.02)
-
-
 def stalled_wyoming_client(port: int, text: str) -> socket.socket:
     """Sends one ``synthesize`` and never reads (a tiny receive buffer fills at once)."""
     sock = socket.socket()
@@ -118,7 +112,7 @@ async def test_metrics_count_http_and_wyoming_work_while_it_runs(
             assert await f.gauges() == (2, 0)
         rest = await r.read()  # the Wyoming client has gone: its job ends, HTTP's goes on
     assert_speech(pcm16(rest), 22050, min_seconds=3)
-    await eventually(lambda: f.ctx.scheduler.count() == 0, "both jobs ended")
+    await until(lambda: f.ctx.scheduler.count() == 0, "both jobs ended")
     assert await f.gauges() == (0, 0)
 
 
@@ -136,12 +130,12 @@ async def test_the_watchdog_starves_while_a_wyoming_job_makes_no_progress(
     assert dog.healthy()  # idle
     stalled = stalled_wyoming_client(f.wyoming_port, f"{LONG} {LONG}")
     try:
-        await eventually(lambda: f.ctx.scheduler.busy(), "the Wyoming job running")
-        await eventually(lambda: not dog.healthy(), "the watchdog giving up")
+        await until(lambda: f.ctx.scheduler.busy(), "the Wyoming job running")
+        await until(lambda: not dog.healthy(), "the watchdog giving up")
         assert f.ctx.scheduler.busy()
     finally:
         stalled.close()
-    await eventually(lambda: not f.ctx.scheduler.busy(), "the job stopped")
+    await until(lambda: not f.ctx.scheduler.busy(), "the job stopped")
     assert dog.healthy()
 
 
@@ -164,7 +158,7 @@ async def test_abandoned_wyoming_requests_stop_at_once(engine: Engine,
         with sock.makefile("wb") as w:
             write_event(Synthesize(LONG).event(), w)
         clients.append(sock)
-    await eventually(lambda: f.ctx.scheduler.count() == 20, "20 jobs running")
+    await until(lambda: f.ctx.scheduler.count() == 20, "20 jobs running")
     for sock in clients:
         sock.close()
     async with f.wyoming_client() as client:
@@ -176,7 +170,7 @@ async def test_abandoned_wyoming_requests_stop_at_once(engine: Engine,
             if event.type == "audio-stop":
                 break
     assert heard > 0
-    await eventually(lambda: any(r.outcome == "ok" for r in records),
+    await until(lambda: any(r.outcome == "ok" for r in records),
                      "the good request's record")
     assert f.ctx.scheduler.count() == 0  # the twenty ended before it did
     # Only the good request finished; an abandoned one that made audio says it stopped.

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from audio_checks import assert_pcm_close, assert_speech, pcm16
+from waiting import until
 
 from daemon.errors import NOTHING_TO_SAY, RequestError
 from daemon.jobs.buffer import AudioBuffer
@@ -114,12 +115,6 @@ class PacedSpeaker:
         self.cuts.append(None if key is None else key.req.id)
         if key is None or key is self._playing:  # (a cue never starts here: nothing to stop)
             self._cut.set()
-
-
-async def until(condition: Callable[[], Any]) -> None:
-    """Until ``condition()`` is true (the caller puts a deadline on it)."""
-    while not condition():
-        await asyncio.sleep(0.01)
 
 
 @dataclass
@@ -241,7 +236,7 @@ async def test_a_cue_overtaken_by_an_interrupt_is_withdrawn_and_played_in_turn(
     r = rig(engine, speaker=spk)
     long = r.scheduler.submit(req("long", "This goes on and on. " * 6, sinks=("speaker",)))
     queued = r.scheduler.submit(req("queued", "Waiting patiently.", sinks=("speaker",)))
-    await asyncio.wait_for(until(lambda: spk.cues), 30)
+    await until(lambda: spk.cues, "the cue", 30)
     urgent = r.scheduler.submit(req("urgent", "Fire alarm!", sinks=("speaker",),
                                     mode="interrupt"))
     assert await asyncio.wait_for(asyncio.gather(long, urgent, queued), 60) == [
@@ -261,7 +256,7 @@ async def test_stopping_a_cued_utterance_withdraws_the_cue(engine: Engine) -> No
     first = r.scheduler.submit(req("p1", "A sentence that takes a couple of seconds to say.",
                                    sinks=("speaker",)))
     cued = r.scheduler.submit(req("p2", "Never heard.", sinks=("speaker",)))
-    await asyncio.wait_for(until(lambda: spk.cues), 30)
+    await until(lambda: spk.cues, "the cue", 30)
     assert r.scheduler.stop("p2") == ["p2"]
     assert await asyncio.wait_for(asyncio.gather(first, cued), 60) == ["finished", "stopped"]
     assert spk.cuts == ["p2"]

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
-from test_scheduler import until
+from waiting import until
 
 from daemon.synthesis.workers import Render, Workers
 
@@ -212,7 +212,7 @@ async def test_a_parked_render_holds_no_thread(workers) -> None:
     def made() -> int:
         return sum(tag == "stalled" for tag, _, _ in log)
 
-    await asyncio.wait_for(until(lambda: made() >= 4), 10)
+    await until(lambda: made() >= 4, "four chunks made", 10)
     await asyncio.sleep(0.2)  # time for a fifth, were it not parked
     assert made() == 4
     stalled.close()

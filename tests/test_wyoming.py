@@ -23,6 +23,7 @@ import pytest
 from audio_checks import assert_pcm_close, assert_speech, pcm16, reference_pcm
 from conftest import ROOT, free_port
 from pydantic import ValidationError
+from waiting import until
 from wyoming.audio import AudioChunk, AudioStart
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
@@ -143,12 +144,6 @@ ONE_SHOT = "the engine's one-shot synthesis"
 def reference(synth, text: str) -> bytes:  # type: ignore[no-untyped-def]
     """The engine's one-shot synthesis of the same text, as the s16le a client gets."""
     return reference_pcm(synth, text, QUIET, one_shot=True)
-
-
-async def wait_for(condition: Callable[[], bool]) -> None:
-    async with asyncio.timeout(GUARD):
-        while not condition():
-            await asyncio.sleep(0.05)
 
 
 # --- describe ---------------------------------------------------------------------------------
@@ -372,7 +367,7 @@ async def test_a_client_that_stops_reading_does_not_hold_up_the_others(start_ser
     finally:
         stalled.close()  # unread data: the kernel resets the connection
     # The stalled client vanishing mid-stream ends its request, and only that one.
-    await wait_for(lambda: len(server.records) == 3)
+    await until(lambda: len(server.records) == 3, "three latency records")
     assert server.records[2].outcome == "stopped"
     whole_ms = 2 * len(reference(synth, LONG)) / 2 / synth.sample_rate * 1000
     assert server.records[2].audio_ms < whole_ms  # cut off, not spoken to the end
@@ -388,7 +383,7 @@ async def test_a_stalled_client_is_dropped_and_its_synthesis_cancelled(start_ser
     server = await start_server(workers=1, write_timeout=1.0, send_buffer=4096)
     stalled = stalled_client(server.port, Synthesize(f"{LONG} {LONG}").event())
     try:
-        await wait_for(lambda: len(server.records) == 1)
+        await until(lambda: len(server.records) == 1, "the latency record")
         assert server.records[0].outcome == "stopped"
         assert "stopped reading" in caplog.text
         # The client finds an audio stream that ends without audio-stop: it was dropped.
@@ -420,7 +415,7 @@ async def test_client_vanishing_mid_stream(start_server, synth):
         await client.write_event(SynthesizeChunk(text=f"{LONG} And").event())
         event = await client.read_event()
         assert event is not None and event.type == "audio-start"
-    await wait_for(lambda: len(server.records) == 1)
+    await until(lambda: len(server.records) == 1, "the latency record")
     assert server.records[0].outcome == "stopped"
     async with server.client() as client:
         await client.write_event(Synthesize(SHORT).event())
