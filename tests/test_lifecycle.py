@@ -170,8 +170,7 @@ async def test_abandoned_wyoming_requests_stop_at_once(engine: Engine,
             if event.type == "audio-stop":
                 break
     assert heard > 0
-    await until(lambda: any(r.outcome == "ok" for r in records),
-                     "the good request's record")
+    await until(lambda: any(r.outcome == "ok" for r in records), "the good request's record")
     assert f.ctx.scheduler.count() == 0  # the twenty ended before it did
     # Only the good request finished; an abandoned one that made audio says it stopped.
     assert [r.outcome for r in records].count("ok") == 1, records
