@@ -38,19 +38,20 @@ def _quantum(channels: int) -> int:
     return max(1, PIECE // channels // PIECE_QUANTA)
 
 
-def _conv(module: object, slope: float | None, quantum: int) -> StreamConv:
+def _conv(module: object, slope: float | None, quantum: int, exact_start: bool
+          ) -> StreamConv:
     assert isinstance(module, Conv), f"expected vits.Conv, got {type(module).__name__}"
-    return StreamConv.same(module, slope, quantum)
+    return StreamConv.same(module, slope, quantum, exact_start)
 
 
 class _Upsample:
     """The polyphase transposed convolution fed piece by piece (see ``vits.Upsample``)."""
 
-    def __init__(self, up: Upsample, quantum: int) -> None:
+    def __init__(self, up: Upsample, quantum: int, exact_start: bool) -> None:
         self.up = up
         taps = up.taps - 1  # causal context of each phase
         self.conv = StreamConv(up.polyphase, taps, taps, up.out_channels, LRELU_SLOPE,
-                               quantum)
+                               quantum, exact_start)
         self.skip = _as_int(up.padding)  # leading samples the one-shot output crops
         self.inputs = 0
         self.emitted = 0
@@ -70,12 +71,13 @@ class _Upsample:
 class _ResBlock:
     """ResBlock1 or ResBlock2: chains of leaky ReLU + convolution with residual adds."""
 
-    def __init__(self, block: ResBlock1 | ResBlock2, quantum: int) -> None:
+    def __init__(self, block: ResBlock1 | ResBlock2, quantum: int, exact_start: bool) -> None:
         if isinstance(block, ResBlock1):
-            self.chains = [[_conv(c1, LRELU_SLOPE, quantum), _conv(c2, LRELU_SLOPE, quantum)]
+            self.chains = [[_conv(c1, LRELU_SLOPE, quantum, exact_start),
+                            _conv(c2, LRELU_SLOPE, quantum, exact_start)]
                            for c1, c2 in zip(block.convs1, block.convs2)]
         else:
-            self.chains = [[_conv(c, LRELU_SLOPE, quantum)] for c in block.convs]
+            self.chains = [[_conv(c, LRELU_SLOPE, quantum, exact_start)] for c in block.convs]
         self.delays = [Delay() for _ in self.chains]
 
     def push(self, x: Tensor, final: bool) -> Tensor:
@@ -106,23 +108,26 @@ class _Mean:
 
 
 class StreamingGenerator:
-    """One sentence through ``Generator`` in pieces. Create one per sentence."""
+    """One sentence (or a piece of one) through ``Generator`` in pieces. Create one per
+    sentence. ``exact_start``: its first push is a window a listener waits for, computed at
+    its own length (``StreamConv``)."""
 
-    def __init__(self, gen: Generator, g: Tensor | None) -> None:
+    def __init__(self, gen: Generator, g: Tensor | None, exact_start: bool = False) -> None:
         self.gen = gen
         self.cond = gen.cond(nhwc(g)) if g is not None else None
-        self.pre = _conv(gen.conv_pre, None, FRAMES_QUANTUM)
+        self.pre = _conv(gen.conv_pre, None, FRAMES_QUANTUM, exact_start)
         # Stage i's pieces are ups[i]'s output; ups[i] reads stage i-1's (ups[0]: frames).
         ups: list[Upsample] = list(gen.ups)  # type: ignore[arg-type]
         stage = [_quantum(u.out_channels) for u in ups]
-        self.ups = [_Upsample(u, stage[i - 1] if i else FRAMES_QUANTUM)
+        self.ups = [_Upsample(u, stage[i - 1] if i else FRAMES_QUANTUM, exact_start)
                     for i, u in enumerate(ups)]
         nk = gen.num_kernels
-        self.blocks = [[_ResBlock(b, stage[i])  # type: ignore[arg-type]
+        self.blocks = [[_ResBlock(b, stage[i], exact_start)  # type: ignore[arg-type]
                         for b in gen.resblocks[i * nk : (i + 1) * nk]]
                        for i in range(len(gen.ups))]
         self.means = [_Mean(nk) for _ in gen.ups]
-        self.post = _conv(gen.conv_post, 0.01, stage[-1])  # F.leaky_relu's default, as trained
+        # F.leaky_relu's default slope, as trained
+        self.post = _conv(gen.conv_post, 0.01, stage[-1], exact_start)
 
     def push(self, z: Tensor, final: bool = False) -> Tensor:
         """Latent frames, channels-last ``[1, c, 1, t]`` -> the audio samples now complete

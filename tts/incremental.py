@@ -86,28 +86,37 @@ class StreamConv:
     (fewer than one: an eighth or quarters of it, ``rounded``), the input padded
     with zeros beyond the signal and the outputs past it dropped (no kept output depends on
     those zeros). oneDNN builds a convolution for every input length it meets, which costs
-    far more than running it (tens of milliseconds over a window of the generator's); with
-    the lengths rounded, a few recur from window to window and sentence to sentence, and
-    the cache of built ones holds them all. A first push that is not the last is not
-    rounded (see ``push``).
+    far more than running it (tens of milliseconds over a window of the generator's), and
+    keeps what it built, tens of kilobytes each, up to its cache's bound; with the lengths
+    rounded, a few recur from window to window and sentence to sentence, and the cache
+    holds them all.
+
+    ``exact_start``: the first push, unless it is also the last, is computed at its own
+    length. That is for a sentence's first window where a listener waits for it: the plan
+    fixes its length, so its lengths recur as they are, and the padding would only delay
+    the first audio. Every other first push (a helper's piece, cut where the sentence's
+    length puts it) is rounded like the rest: at its own length, each would build
+    convolutions of lengths met once.
     """
 
     def __init__(self, valid: Callable[[Tensor], Tensor], pad: int, context: int,
-                 out_channels: int, slope: float | None = None, quantum: int = 1) -> None:
+                 out_channels: int, slope: float | None = None, quantum: int = 1,
+                 exact_start: bool = False) -> None:
         self.valid = valid
         self.pad = pad
         self.context = context
         self.out_channels = out_channels
         self.slope = slope
         self.quantum = quantum
+        self.exact_start = exact_start
         self.tail: Tensor | None = None
 
     @classmethod
-    def same(cls, conv: SameConv, slope: float | None = None, quantum: int = 1
-             ) -> StreamConv:
+    def same(cls, conv: SameConv, slope: float | None = None, quantum: int = 1,
+             exact_start: bool = False) -> StreamConv:
         """A 'same' convolution (any radius, 0 for a 1x1) fed piece by piece."""
         return cls(conv.valid, conv.radius, 2 * conv.radius, conv.out_channels, slope,
-                   quantum)
+                   quantum, exact_start)
 
     def push(self, x: Tensor, final: bool) -> Tensor:
         if self.context == 0 and self.slope is None and self.quantum == 1:
@@ -120,11 +129,8 @@ class StreamConv:
             self.tail = assemble(x, self.tail, lead, trail, self.slope)
             return empty(x, (x.shape[0], self.out_channels, *x.shape[2:-1], 0))
         outputs = n - self.context  # in input samples
-        # A first push that is not the last is the first window of a sentence (or of a
-        # helper's piece), whose length the plan fixes: its lengths recur as they are, and
-        # rounding them would only delay the first audio.
-        first = self.tail is None and not final
-        spare = 0 if first else rounded(outputs, self.quantum) - outputs
+        exact = self.exact_start and self.tail is None and not final
+        spare = 0 if exact else rounded(outputs, self.quantum) - outputs
         buf = assemble(x, self.tail, lead, trail, self.slope, spare)
         self.tail = keep(buf[..., :n], self.context)
         y = self.valid(buf)

@@ -263,8 +263,12 @@ class _Lanes:
             # text made whole, for every such sentence).
             self._share_before_first_window(span)
         if span.piece is None:
+            # A sentence's first window that a listener waits for (no audio in hand) is the
+            # plan's, computed at its own length; any other is sized by what is buffered, and
+            # its lengths are rounded (``StreamConv``).
+            waited = playing and span.start == 0 and self.pace.spare() <= 0
             span.piece = Piece(self.model, span.latents, span.g, self.gain, span.start,
-                               span.end, self.pace.clock)
+                               span.end, self.pace.clock, exact_start=waited)
             if playing and span.start == 0:
                 self.planned = self._first_window(span)
         piece = span.piece

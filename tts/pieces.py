@@ -95,11 +95,13 @@ def apply_gain(samples: np.ndarray, gain: float) -> np.ndarray:
 
 class Piece:
     """Frames ``[start, end)`` of one sentence (``end`` None: to the sentence's end), decoded
-    by a flow and a generator of its own."""
+    by a flow and a generator of its own. ``exact_start``: its first window is one a
+    listener waits for (``StreamingGenerator``)."""
 
     def __init__(self, model: Vits, latents: Latents, g: Tensor | None, gain: float,
                  start: int = 0, end: int | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 exact_start: bool = False) -> None:
         self.latents = latents
         self.clock = clock
         self.flow_ran: tuple[int, float] | None = None  # the last flow push: frames, seconds
@@ -110,7 +112,7 @@ class Piece:
         self.fc = 0 if latents.flowed else model.flow.receptive_field
         with torch.inference_mode():
             self._flow = None if latents.flowed else StreamingFlow(model.flow, g)
-            self._gen = StreamingGenerator(model.dec, g)
+            self._gen = StreamingGenerator(model.dec, g, exact_start)
         # Frames the generator's first samples depend on, and the flow's first latent
         # frames: at the sentence's start, only what its padding stands for.
         self._pushed = max(0, start - self.dc)  # next latent frame for the generator
