@@ -852,6 +852,31 @@ def test_windows_are_as_long_as_the_demand_asks_and_still_join_exactly() -> None
     assert np.abs(np.concatenate(chunks) - np.clip(whole, -1, 1)).max() < 1e-4
 
 
+def test_windows_after_the_first_hold_whole_quanta_of_the_generators_frames() -> None:
+    """A pace that pays for 37 frames a window. The generator computes every push past a
+    piece's first over a whole number of ``FRAMES_QUANTUM`` frames (16), so a 37-frame
+    window would cost what a 48-frame one does and make audio of 37: past the first, the
+    windows hold 48. The chunks still join into the one-shot audio."""
+    from tts.generator_stream import FRAMES_QUANTUM
+
+    class Steady(Pace):
+        def size(self, planned: int, largest: int, asked: int | None) -> int:
+            return 37
+
+    model = random_model(VARIANTS[sorted(VARIANTS)[0]])
+    hop = model.config.hop_length
+    torch.manual_seed(4)
+    z_p = torch.randn(1, model.config.inter_channels, 300)
+    with torch.inference_mode():
+        whole = model.decode(z_p, None)[0, 0].numpy()
+    chunks = [c for c, _ in decode_windows(model, z_p, None,
+                                           pace=Steady(256 / 16000, clock=lambda: 0.0))]
+    frames = [round(len(c) / hop) for c in chunks]
+    assert FRAMES_QUANTUM == 16 and frames[0] == 37, frames
+    assert frames[1:-1] == [48] * (len(frames) - 2) and len(frames) > 3, frames
+    assert np.abs(np.concatenate(chunks) - np.clip(whole, -1, 1)).max() < 1e-4
+
+
 class FailsAfterOne(Done):
     """A helper that sends the first window of its piece, then dies."""
 

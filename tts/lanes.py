@@ -40,6 +40,8 @@ import torch
 from torch import Tensor
 
 from .flow_shared import reverse_shared
+from .generator_stream import FRAMES_QUANTUM
+from .incremental import rounded
 from .pace import Pace, next_end
 from .pieces import HelperFailed, Helpers, Helping, Latents, Piece, PieceJob
 from .sharing import core_free, sharing_thread
@@ -279,6 +281,11 @@ class _Lanes:
             self._hand_out()
         asked = self.wanted() if playing and self.wanted is not None else None
         size = self.pace.size(self.planned, self.largest, asked) if playing else self.largest
+        if piece.steps:
+            # Past its first window a piece's pushes are its windows, and the generator
+            # computes each over whole quanta of frames (``StreamConv``): a window of the
+            # rounded length costs what this one would, and makes audio of the padding.
+            size = min(self.largest, rounded(size, FRAMES_QUANTUM))
         latents = span.latents
         limit = latents.frames if piece.end is None else piece.end
         # The tail folded in: what the buffered audio pays for, up to the largest window,
