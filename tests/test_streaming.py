@@ -852,6 +852,53 @@ def test_windows_are_as_long_as_the_demand_asks_and_still_join_exactly() -> None
     assert np.abs(np.concatenate(chunks) - np.clip(whole, -1, 1)).max() < 1e-4
 
 
+def test_only_a_first_window_a_listener_waits_for_is_computed_at_its_own_length(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two sentences, the second begun with the first one's audio in hand. The generator's
+    first convolution reads the first sentence's first window at its own length (the plan's
+    window, its look-ahead and the one-shot padding): the first audio waits for no padding.
+    Every other push it reads, the second sentence's first among them, is rounded to whole
+    quanta of frames, so that its lengths recur and the kernel cache holds them
+    (``StreamConv``)."""
+    from tts import generator_stream
+    from tts.generator_stream import FRAMES_QUANTUM
+    from tts.vits.layers import Conv
+
+    model = random_model(VARIANTS["medium"])
+    pre, dc, first = model.dec.conv_pre, model.dec.receptive_field, 5
+    reads: list[list[int]] = []
+    init, valid = generator_stream.StreamingGenerator.__init__, Conv.valid
+
+    def begun(self: generator_stream.StreamingGenerator, *args: object,
+              **kwargs: object) -> None:
+        reads.append([])
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    def read(self: Conv, x: torch.Tensor, pad: int = 0) -> torch.Tensor:
+        if self is pre:
+            reads[-1].append(x.shape[-1])
+        return valid(self, x, pad)
+
+    monkeypatch.setattr(generator_stream.StreamingGenerator, "__init__", begun)
+    monkeypatch.setattr(Conv, "valid", read)
+    torch.manual_seed(5)
+    priors = [torch.randn(1, model.config.inter_channels, n) for n in (150, 200)]
+    in_hand = Pace(256 / 16000, clock=lambda: 0.0)  # what is handed out stays to be played
+    chunks = list(decode_sentences(model, [(z, None) for z in priors], first=first,
+                                   pace=in_hand))
+    context = 2 * pre.radius
+    assert len(reads) == 2 and len(reads[0]) > 2 and len(reads[1]) > 1, reads
+    assert (reads[0][0] - context) % FRAMES_QUANTUM != 0
+    assert reads[0][0] == pre.radius + first + dc, reads  # the padding, the window, no more
+    rest = reads[0][1:-1] + reads[1][:-1]  # the last push of each: the sentence's end
+    assert all((n - context) % FRAMES_QUANTUM == 0 for n in rest), reads
+    with torch.inference_mode():
+        for k, z in enumerate(priors):
+            whole = np.clip(model.decode(z, None)[0, 0].numpy(), -1, 1)
+            audio = np.concatenate([c for c, sentence, _ in chunks if sentence == k])
+            assert np.abs(audio - whole).max() < 1e-4
+
+
 def test_windows_after_the_first_hold_whole_quanta_of_the_generators_frames() -> None:
     """A pace that pays for 37 frames a window. The generator computes every push past a
     piece's first over a whole number of ``FRAMES_QUANTUM`` frames (16), so a 37-frame
