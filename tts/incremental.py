@@ -94,9 +94,10 @@ class StreamConv:
     ``exact_start``: the first push, unless it is also the last, is computed at its own
     length. That is for a sentence's first window where a listener waits for it: the plan
     fixes its length, so its lengths recur as they are, and the padding would only delay
-    the first audio. Every other first push (a helper's piece, cut where the sentence's
-    length puts it) is rounded like the rest: at its own length, each would build
-    convolutions of lengths met once.
+    the first audio. Every other first push is rounded like the rest: a helper's piece
+    begins where the sentence's length cuts it, a sentence begun with audio in hand with
+    what that audio pays for, and at their own lengths each would build convolutions of
+    lengths met once.
     """
 
     def __init__(self, valid: Callable[[Tensor], Tensor], pad: int, context: int,

@@ -284,7 +284,8 @@ class _Lanes:
         if piece.steps:
             # Past its first window a piece's pushes are its windows, and the generator
             # computes each over whole quanta of frames (``StreamConv``): a window of the
-            # rounded length costs what this one would, and makes audio of the padding.
+            # rounded length costs what this one would (a demand's too, but for the flow's
+            # few frames more), and makes audio of the padding.
             size = min(self.largest, rounded(size, FRAMES_QUANTUM))
         latents = span.latents
         limit = latents.frames if piece.end is None else piece.end
