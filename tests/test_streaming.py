@@ -111,6 +111,14 @@ class Threaded(Inline):
         self.thread.join()
 
 
+def one_shot_audio(model: Vits, z_p: torch.Tensor, g: torch.Tensor | None = None) -> np.ndarray:
+    """``model.decode`` of a prior, clipped as the streamed chunks are: what they must join
+    into."""
+    with torch.inference_mode():
+        audio: np.ndarray = np.clip(model.decode(z_p, g)[0, 0].numpy(), -1, 1)
+    return audio
+
+
 HELPERS = {"none": lambda: None, "never": lambda: Never(2), "inline": lambda: Inline(3),
            "threaded": lambda: Threaded(2)}
 
@@ -148,8 +156,7 @@ def test_a_piece_cut_anywhere_joins_exactly() -> None:
     model = random_model(VARIANTS["medium"])
     torch.manual_seed(2)
     z_p = torch.randn(1, model.config.inter_channels, 120)
-    with torch.inference_mode():
-        whole = np.clip(model.decode(z_p, None)[0, 0].numpy(), -1, 1)
+    whole = one_shot_audio(model, z_p)
     hop = model.config.hop_length
     from tts.pieces import Latents, Piece
 
@@ -193,8 +200,7 @@ def test_a_piece_that_ends_inside_the_sentence_leaves_no_flow_sliver(
     model = random_model(VARIANTS["medium"])
     torch.manual_seed(3)
     z_p = torch.randn(1, model.config.inter_channels, 128)
-    with torch.inference_mode():
-        whole = np.clip(model.decode(z_p, None)[0, 0].numpy(), -1, 1)
+    whole = one_shot_audio(model, z_p)
     pushes = _flow_pushes(monkeypatch)
     dc, fc, end = model.dec.receptive_field, model.flow.receptive_field, 64
     stop = end + dc + fc  # the last prior frame the piece reads, short of the sentence's
@@ -482,8 +488,7 @@ def test_the_flow_runs_ahead_in_large_pushes_once_the_sentence_is_whole(
     model = random_model(VARIANTS["medium"])
     torch.manual_seed(6)
     z_p = torch.randn(1, model.config.inter_channels, 400)
-    with torch.inference_mode():
-        whole = np.clip(model.decode(z_p, None)[0, 0].numpy(), -1, 1)
+    whole = one_shot_audio(model, z_p)
     pushes = _flow_pushes(monkeypatch)
     parts = PriorParts(lambda run: iter([(z_p[..., :100], False), (z_p[..., 100:], True)]))
     chunks = [c for c, _, _ in decode_sentences(
@@ -563,8 +568,7 @@ def _decoded_by_two_lanes(model: Vits, g: torch.Tensor | None, frames: int, whol
     played, checked to be the one-shot audio (and not silence); the helpers it went to."""
     torch.manual_seed(frames)
     z_p = torch.randn(1, model.config.inter_channels, frames)
-    with torch.inference_mode():
-        one_shot = np.clip(model.decode(z_p, g)[0, 0].numpy(), -1, 1)
+    one_shot = one_shot_audio(model, z_p, g)
     helpers = Inline(2)
     audio = np.concatenate([c for c, _ in decode_windows(
         model, z_p, g, largest=96, helpers=helpers, whole=whole)])
@@ -841,15 +845,13 @@ def test_windows_are_as_long_as_the_demand_asks_and_still_join_exactly() -> None
     hop = model.config.hop_length
     torch.manual_seed(3)
     z_p = torch.randn(1, model.config.inter_channels, 300)
-    with torch.inference_mode():
-        whole = model.decode(z_p, None)[0, 0].numpy()
     asks = iter([40, 0, 40, 0, 0])
     generous = Pace(256 / 16000, clock=lambda: 0.0)  # would pay for any window
     chunks = [c for c, _ in decode_windows(model, z_p, None, pace=generous,
                                            wanted=lambda: next(asks, 0))]
     # 40, then doubling (80), asked 40 but planned 160 -> the largest, 96; the rest
     assert [round(len(c) / hop) for c in chunks] == [40, 80, 96, 84]
-    assert np.abs(np.concatenate(chunks) - np.clip(whole, -1, 1)).max() < 1e-4
+    assert np.abs(np.concatenate(chunks) - one_shot_audio(model, z_p)).max() < 1e-4
 
 
 def test_only_a_first_window_a_listener_waits_for_is_computed_at_its_own_length(
@@ -892,11 +894,9 @@ def test_only_a_first_window_a_listener_waits_for_is_computed_at_its_own_length(
     assert reads[0][0] == pre.radius + first + dc, reads  # the padding, the window, no more
     rest = reads[0][1:-1] + reads[1][:-1]  # the last push of each: the sentence's end
     assert all((n - context) % FRAMES_QUANTUM == 0 for n in rest), reads
-    with torch.inference_mode():
-        for k, z in enumerate(priors):
-            whole = np.clip(model.decode(z, None)[0, 0].numpy(), -1, 1)
-            audio = np.concatenate([c for c, sentence, _ in chunks if sentence == k])
-            assert np.abs(audio - whole).max() < 1e-4
+    for k, z in enumerate(priors):
+        audio = np.concatenate([c for c, sentence, _ in chunks if sentence == k])
+        assert np.abs(audio - one_shot_audio(model, z)).max() < 1e-4
 
 
 def test_windows_after_the_first_hold_whole_quanta_of_the_generators_frames() -> None:
@@ -914,14 +914,12 @@ def test_windows_after_the_first_hold_whole_quanta_of_the_generators_frames() ->
     hop = model.config.hop_length
     torch.manual_seed(4)
     z_p = torch.randn(1, model.config.inter_channels, 300)
-    with torch.inference_mode():
-        whole = model.decode(z_p, None)[0, 0].numpy()
     chunks = [c for c, _ in decode_windows(model, z_p, None,
                                            pace=Steady(256 / 16000, clock=lambda: 0.0))]
     frames = [round(len(c) / hop) for c in chunks]
     assert FRAMES_QUANTUM == 16 and frames[0] == 37, frames
     assert frames[1:-1] == [48] * (len(frames) - 2) and len(frames) > 3, frames
-    assert np.abs(np.concatenate(chunks) - np.clip(whole, -1, 1)).max() < 1e-4
+    assert np.abs(np.concatenate(chunks) - one_shot_audio(model, z_p)).max() < 1e-4
 
 
 class FailsAfterOne(Done):
@@ -951,8 +949,7 @@ def test_sentences_shared_with_helpers_are_each_the_one_shot_audio(helping: str)
     model = random_model(VARIANTS["medium"])
     torch.manual_seed(5)
     priors = [torch.randn(1, model.config.inter_channels, n) for n in (300, 30, 160, 90)]
-    with torch.inference_mode():
-        wholes = [np.clip(model.decode(z, None)[0, 0].numpy(), -1, 1) for z in priors]
+    wholes = [one_shot_audio(model, z) for z in priors]
     helpers = {"inline": Inline(2), "never": Never(3), "threaded": Threaded(2),
                "dies midway": DiesMidway(2)}[helping]
     taken: list[int] = []
