@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .errors import VoiceError
+from .onnx_file import read_model, to_array
 from .phoneme_types import Phonemizer, check_phoneme_type, phonemizer_for
 from .vits import Vits, VitsConfig
 
@@ -186,13 +187,7 @@ def _module_path(node_name: str) -> str:
 
 def read_onnx(path: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
     """Named weights and the attributes of the convolutions (dilations, strides)."""
-    import onnx
-    from onnx import numpy_helper
-
-    try:
-        model = onnx.load(str(path))
-    except Exception as e:  # onnx raises several unrelated types for a bad file
-        raise VoiceError(f"cannot read ONNX voice {path}: {e}") from e
+    model = read_model(path)
     inits = {i.name: i for i in model.graph.initializer}
     consumers: dict[str, list[tuple[str, int, str]]] = {}
     attrs: dict[str, dict[str, Any]] = {}
@@ -201,14 +196,13 @@ def read_onnx(path: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str, An
             consumers.setdefault(inp, []).append((node.op_type, idx, node.name))
         if node.op_type in ("Conv", "ConvTranspose"):
             attrs[_module_path(node.name)] = {
-                a.name: list(onnx.helper.get_attribute_value(a)) for a in node.attribute
-                if a.name in ("dilations", "strides")
+                a.name: list(a.ints) for a in node.attribute if a.name in ("dilations", "strides")
             }
 
     def take(init: Any) -> np.ndarray:
         # Copy the tensor out and drop its bytes from the parsed file at once, so the file's
         # copy of the weights shrinks while the model's grows (a lower peak on a small box).
-        array = np.array(numpy_helper.to_array(init), copy=True)
+        array = to_array(init)
         init.ClearField("raw_data")
         return array
 
