@@ -112,6 +112,21 @@ def test_voices_loads_no_front() -> None:
     assert r.stdout.splitlines()[-1] == "", f"loaded: {r.stdout.splitlines()[-1]}"
 
 
+def test_the_teardown_leaves_what_the_process_made_out_of_its_garbage_collections() -> None:
+    """At exit the interpreter collects garbage over every object still tracked, several
+    times over; torch's import alone makes some 175,000, which made ``herald say``'s teardown
+    half a second. By the time the teardown begins (after the last exit handler) they are
+    frozen out of those collections: the ones made before exit, every one of them."""
+    code = ("import atexit, gc, sys, torch\n"
+            "atexit.register(lambda: print('frozen', gc.get_freeze_count(), len(gc.get_objects())))\n"
+            "from daemon.cli import main\nassert main(['voices']) == 0\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    _, frozen, tracked = r.stdout.splitlines()[-1].split()
+    assert int(frozen) > 100_000 and int(tracked) < 1_000, r.stdout.splitlines()[-1]
+
+
 def test_voices_and_say_read_the_configs_voices(tmp_path: Path) -> None:
     """A voice added in voices.directories is seen by `herald voices` as by the daemon."""
     voices = tmp_path / "voices"
