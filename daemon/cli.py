@@ -378,7 +378,7 @@ async def _play(chunks: Iterator[ComposedChunk], fmt: AudioFormat, device: str |
 
 def main(argv: list[str] | None = None) -> int:
     # Registered first, so it runs last: the interpreter's teardown collects garbage over
-    # every object torch's import made (some 175,000; a full pass takes ~80 ms here, and
+    # every object torch's import made (some 180,000; a full pass takes ~80 ms here, and
     # the teardown makes several: 0.5 s of it). They live as long as the process anyway, so
     # they are left out, and ``herald say`` or a stopped daemon ends that much sooner.
     atexit.register(gc.freeze)

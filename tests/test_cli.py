@@ -114,11 +114,12 @@ def test_voices_loads_no_front() -> None:
 
 def test_the_teardown_leaves_what_the_process_made_out_of_its_garbage_collections() -> None:
     """At exit the interpreter collects garbage over every object still tracked, several
-    times over; torch's import alone makes some 175,000, which made ``herald say``'s teardown
+    times over; torch's import alone makes some 180,000, which made ``herald say``'s teardown
     half a second. By the time the teardown begins (after the last exit handler) they are
     frozen out of those collections: the ones made before exit, every one of them."""
     code = ("import atexit, gc, sys, torch\n"
-            "atexit.register(lambda: print('frozen', gc.get_freeze_count(), len(gc.get_objects())))\n"
+            "atexit.register(lambda: print('frozen', gc.get_freeze_count(),\n"
+            "                              len(gc.get_objects())))\n"
             "from daemon.cli import main\nassert main(['voices']) == 0\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120, cwd=ROOT)
