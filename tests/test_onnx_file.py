@@ -101,14 +101,19 @@ def test_an_element_type_herald_does_not_read_is_refused_by_name(tmp_path: Path)
         to_array(stored)
 
 
-def test_a_file_protobuf_cannot_parse_is_refused(tmp_path: Path) -> None:
-    path = tmp_path / "cut.onnx"
+def test_a_file_that_is_not_a_model_with_weights_is_refused_saying_what_to_do(
+        tmp_path: Path) -> None:
     tensor = numpy_helper.from_array(np.ones(1000, np.float32), "w")
     data = helper.make_model(helper.make_graph([], "g", [], [], initializer=[tensor]))
-    path.write_bytes(data.SerializeToString()[:-100])  # cut off inside the tensor's bytes
-    with pytest.raises(VoiceError, match="cannot read ONNX voice"):
-        read_model(path)
-    with pytest.raises(VoiceError, match="cannot read ONNX voice"):
+    (tmp_path / "cut.onnx").write_bytes(data.SerializeToString()[:-100])  # inside the tensor
+    (tmp_path / "text.onnx").write_text("this is not a model")
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    for name in ("cut", "text", "empty"):
+        with pytest.raises(VoiceError, match=r"cannot read ONNX voice .* not an ONNX model "
+                           r"\(damaged, cut short or another kind of file\): download or copy "
+                           "the voice again"):
+            read_model(tmp_path / f"{name}.onnx")
+    with pytest.raises(VoiceError, match="cannot read ONNX voice .*missing.onnx.*No such file"):
         read_model(tmp_path / "missing.onnx")
 
 

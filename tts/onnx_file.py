@@ -59,6 +59,8 @@ _TYPES: dict[int, tuple[str, str]] = {
     11: ("float64", "double_data"), 12: ("uint32", "uint64_data"),
     13: ("uint64", "uint64_data"),
 }
+_DAMAGED = ("not an ONNX model (damaged, cut short or another kind of file): download or "
+            "copy the voice again")
 _EXTERNAL = 1  # ``TensorProto.DataLocation.EXTERNAL``: the values are in another file
 
 
@@ -80,12 +82,17 @@ def _model_class() -> Any:
 
 def read_model(path: Path) -> Any:
     """``path``'s ONNX model: ``.graph.node`` and ``.graph.initializer`` as ONNX names
-    them, with the fields above. Raises ``VoiceError`` for a file protobuf cannot parse."""
+    them, with the fields above. Raises ``VoiceError`` for a file that is not a model with
+    weights."""
     model = _model_class()()
     try:
         model.ParseFromString(path.read_bytes())
-    except (OSError, message.DecodeError) as e:
+    except OSError as e:
         raise VoiceError(f"cannot read ONNX voice {path}: {e}") from e
+    except message.DecodeError as e:
+        raise VoiceError(f"cannot read ONNX voice {path}: {_DAMAGED}") from e
+    if not model.graph.initializer:  # an empty file parses, as an empty model
+        raise VoiceError(f"cannot read ONNX voice {path}: it holds no weights; {_DAMAGED}")
     return model
 
 
