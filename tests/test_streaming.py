@@ -854,6 +854,27 @@ def test_windows_are_as_long_as_the_demand_asks_and_still_join_exactly() -> None
     assert np.abs(np.concatenate(chunks) - one_shot_audio(model, z_p)).max() < 1e-4
 
 
+def test_a_played_sentences_first_window_is_larger_when_no_helper_shares_the_text(
+        synth) -> None:  # type: ignore[no-untyped-def]
+    """With helpers a played sentence begins in the synthesizer's small first window; with
+    none, every later window is the playing lane's too, and it begins in the larger one
+    (``Synthesizer.lone_first_window``). The audio is the same either way."""
+    text = "Turn on the kitchen lights."
+    opts = SynthesisOptions(seed=3, sentence_silence=0.0)
+    hop = synth.model.config.hop_length
+    assert synth.lone_first_window > synth.first_window
+    firsts, audio = {}, {}
+    for name, helpers in (("alone", None), ("one lane", Inline(1)), ("helped", Inline(2))):
+        chunks = [c.samples for c in synth.stream(text, opts, helpers)]
+        firsts[name] = len(chunks[0]) / hop
+        audio[name] = np.concatenate(chunks)
+    # The first chunk is the window's frames and the generator's few leading samples.
+    assert synth.lone_first_window < firsts["alone"] < synth.lone_first_window + 1, firsts
+    assert firsts["one lane"] == firsts["alone"], firsts
+    assert synth.first_window < firsts["helped"] < synth.first_window + 1, firsts
+    assert np.abs(audio["alone"] - audio["helped"]).max() < 1e-4
+
+
 def test_only_a_first_window_a_listener_waits_for_is_computed_at_its_own_length(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Two sentences, the second begun with the first one's audio in hand. The generator's

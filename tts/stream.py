@@ -43,10 +43,19 @@ class AudioChunk:
 class Synthesizer:
     """Streams one voice. Not thread-safe per call, but holds no per-call state."""
 
-    def __init__(self, voice: Voice, first_window: int = 8, max_window: int = 96) -> None:
+    def __init__(self, voice: Voice, first_window: int = 8, max_window: int = 96,
+                 lone_first_window: int = 16) -> None:
         self.voice = voice
         self.model = voice.model
+        # Frames of a played sentence's first window. With helpers it is small: it stands
+        # before the first audio and before the helpers get the rest. Without (one lane),
+        # every window after it is this lane's too, and each grows from the audio in hand
+        # less the pace's margin (``tts.pace.MARGIN``): after 8 frames (93 ms of audio at a
+        # medium voice's rate) the next window takes ~16, after 16 ~64, and a sentence ends
+        # in a window and a flow push fewer: 2-4% less time and CPU in all, for 5-10 ms more
+        # before the first audio (bench/README.md, "Measurements behind the defaults").
         self.first_window = first_window
+        self.lone_first_window = lone_first_window
         self.max_window = max_window
 
     @property
@@ -114,9 +123,10 @@ class Synthesizer:
         def wanted() -> int | None:
             return None if demand is None else in_frames(demand(), frame_seconds)
 
-        yield from decode_sentences(self.model, priors(), opts.gain, self.first_window,
-                                    self.max_window, Pace(frame_seconds), wanted, helpers,
-                                    whole)
+        helped = helpers is not None and helpers.lanes >= 2
+        first = self.first_window if helped else self.lone_first_window
+        yield from decode_sentences(self.model, priors(), opts.gain, first, self.max_window,
+                                    Pace(frame_seconds), wanted, helpers, whole)
 
     def synthesize(self, text: str, options: SynthesisOptions = SynthesisOptions()) -> np.ndarray:
         """Whole text decoded one sentence at a time in one shot (reference for tests)."""
