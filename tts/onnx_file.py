@@ -1,5 +1,5 @@
 """What a voice is read from in an ONNX file: the graph's initializers (its weights) and its
-nodes' names, inputs and attributes.
+nodes' names, inputs and integer-list attributes.
 
 The file is parsed by protobuf against a schema of just those fields, declared here with
 the field numbers of ONNX's own (``onnx/onnx.proto``, whose fields ONNX never renumbers);
@@ -34,7 +34,6 @@ _SCHEMA: dict[str, list[tuple[int, str, int, int, str]]] = {
                   (4, "op_type", _F.TYPE_STRING, _OPTIONAL, ""),
                   (5, "attribute", _F.TYPE_MESSAGE, _REPEATED, "AttributeProto")],
     "AttributeProto": [(1, "name", _F.TYPE_STRING, _OPTIONAL, ""),
-                       (3, "i", _F.TYPE_INT64, _OPTIONAL, ""),
                        (8, "ints", _F.TYPE_INT64, _REPEATED, "")],
     "TensorProto": [(1, "dims", _F.TYPE_INT64, _REPEATED, ""),
                     (2, "data_type", _F.TYPE_INT32, _OPTIONAL, ""),

@@ -199,26 +199,19 @@ def read_onnx(path: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str, An
                 a.name: list(a.ints) for a in node.attribute if a.name in ("dilations", "strides")
             }
 
-    def take(init: Any) -> np.ndarray:
-        # Copy the tensor out and drop its bytes from the parsed file at once, so the file's
-        # copy of the weights shrinks while the model's grows (a lower peak on a small box).
-        array = to_array(init)
-        init.ClearField("raw_data")
-        return array
-
     weights: dict[str, np.ndarray] = {}
     for name, init in inits.items():
         if name in _FOLDED:
             target, inverse = _FOLDED[name]
-            weights[target] = inverse(take(init))
+            weights[target] = inverse(to_array(init))
             continue
         if re.fullmatch(r"[A-Za-z_][\w.]*", name) and "." in name:
-            weights[name] = take(init)
+            weights[name] = to_array(init)
             continue
         for op, idx, node_name in consumers.get(name, []):
             suffix = _CONSUMER_SUFFIX.get((op, idx))
             if suffix and node_name.startswith("/"):
-                weights[f"{_module_path(node_name)}.{suffix}"] = take(init)
+                weights[f"{_module_path(node_name)}.{suffix}"] = to_array(init)
                 break
     return weights, attrs
 
