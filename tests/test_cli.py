@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from audio_checks import assert_pcm_close, assert_speech, pcm16
 from conftest import ROOT, AlsaFile, Broker, voices_of_default
+from fresh_python import run_python
 from herald_process import herald_env, start_herald
 from mqtt_client import Client
 
@@ -105,9 +106,7 @@ def test_voices_loads_no_front() -> None:
     so listing voices never loads the network libraries."""
     code = ("import sys\nfrom daemon.cli import main\nassert main(['voices']) == 0\n"
             "print(' '.join(m for m in ('aiohttp', 'wyoming', 'paho') if m in sys.modules))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120, cwd=Path(__file__).resolve().parent.parent)
-    assert r.returncode == 0, r.stderr
+    r = run_python(code)
     assert "en_US-joe-medium" in r.stdout
     assert r.stdout.splitlines()[-1] == "", f"loaded: {r.stdout.splitlines()[-1]}"
 
@@ -121,11 +120,9 @@ def test_the_teardown_leaves_what_the_process_made_out_of_its_garbage_collection
             "atexit.register(lambda: print('frozen', gc.get_freeze_count(),\n"
             "                              len(gc.get_objects())))\n"
             "from daemon.cli import main\nassert main(['voices']) == 0\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
-    _, frozen, tracked = r.stdout.splitlines()[-1].split()
-    assert int(frozen) > 100_000 and int(tracked) < 1_000, r.stdout.splitlines()[-1]
+    last = run_python(code).stdout.splitlines()[-1]
+    _, frozen, tracked = last.split()
+    assert int(frozen) > 100_000 and int(tracked) < 1_000, last
 
 
 def test_voices_and_say_read_the_configs_voices(tmp_path: Path) -> None:

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import platform
 import signal
-import subprocess
-import sys
 
 import pytest
+from fresh_python import run_python
 
 from tts.cpu import (
     PROBE,
@@ -55,9 +54,7 @@ def test_a_build_that_runs_or_fails_for_another_reason_is_left_alone() -> None:
 
 def test_the_probe_runs_through_here() -> None:
     """The probe itself, on this machine: every stage reached, so no limit."""
-    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                          timeout=300, check=False)
-    assert done.returncode == 0, done.stderr
+    done = run_python(PROBE, timeout=300)
     assert done.stdout.split() == ["import", "1", "2"]
     assert probe_verdict(done.returncode, done.stdout) is None
 
@@ -105,6 +102,4 @@ assert checked == [False], checked
 assert "torch" in sys.modules
 print("ok")
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    assert run_python(code).stdout.strip() == "ok"

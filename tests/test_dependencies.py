@@ -6,21 +6,14 @@ Each check imports in a fresh interpreter, so nothing another test loaded counts
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from fresh_python import run_python
 
 
 def loaded_after(code: str, *prefixes: str) -> list[str]:
     """The modules under ``prefixes`` that are loaded once ``code`` has run."""
     probe = (f"{code}\nimport sys\n"
              f"print(' '.join(sorted(m for m in sys.modules if m.startswith({prefixes!r}))))")
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                       timeout=120, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.split()
+    return run_python(probe).stdout.split()
 
 
 def test_the_settings_load_no_sink_and_no_front() -> None:

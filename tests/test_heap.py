@@ -25,13 +25,9 @@ decode on one host, none in most decodes on another)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from fresh_python import run_python
 
 CODE = """
 import ctypes, json, resource, sys, threading
@@ -78,8 +74,7 @@ print(json.dumps(seen))
 
 @pytest.mark.parametrize("where", ["worker", "main"])
 def test_freed_pieces_stay_mapped_for_the_next(where: str) -> None:
-    out = subprocess.run([sys.executable, "-c", CODE, where], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300, check=True).stdout
+    out = run_python(CODE, where, timeout=300).stdout
     seen = json.loads(out.splitlines()[-1])
     assert seen["herald"] < seen["piece"], (
         f"a decode on the {where} thread took {seen['herald']} page faults (the fewest of "

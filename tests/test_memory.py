@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, free_port, wait_port
+from conftest import free_port, wait_port
+from fresh_python import run_python
 from herald_process import start_herald
 
 from bench.resting import SENTENCES, long_text, resting, synthesize
@@ -52,8 +51,7 @@ def test_what_is_freed_after_a_hand_back_lowers_the_resting_level() -> None:
     """The level a hand-back reads can hold what is freed a moment later. Left there, a
     request's growth hides under it and is never handed back: the level follows the
     readings at rest down."""
-    out = subprocess.run([sys.executable, "-c", RESTING_CODE], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120, check=True).stdout
+    out = run_python(RESTING_CODE).stdout
     due, handed_back = json.loads(out.splitlines()[-1])
     assert due, "14 MB of freed heap above where the process rests was not due to go back"
     assert handed_back > 10, f"only {handed_back:.0f} MB of the 14 MB freed went back"

@@ -19,7 +19,7 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT
+from fresh_python import run_python
 from inline_helpers import Inline
 from sentences import LONG_SENTENCE
 
@@ -196,10 +196,7 @@ def test_the_interpreter_exits_cleanly_while_a_begun_task_runs() -> None:
         "assert running.wait(60), 'the second thread never took the task'\n"
         "print('exiting', flush=True)\n"
         "leaving.set()\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["exiting", "task", "ended"]  # the exit waited for it
+    assert run_python(code).stdout.split() == ["exiting", "task", "ended"]  # the exit waited for it
 
 
 def test_a_long_sentences_next_prior_part_begun_elsewhere_is_the_same(synth) -> None:  # type: ignore[no-untyped-def]

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 from audio_checks import as_samples, assert_pcm_close, assert_speech, reference_pcm
 from conftest import ROOT
+from fresh_python import run_python
 from test_speaker import (
     DRIVER,
     LONG,
@@ -226,10 +227,8 @@ def test_a_request_with_a_start_time_is_heard_then_and_its_record_has_the_skew( 
     One whose time comes while the speaker is busy starts when it is free, and says how
     late that was."""
     dev = paced_device(tmp_path, RATE)
-    done = subprocess.run([sys.executable, "-c", SCHEDULED, str(dev.fifo), str(dev.out), SHORT,
-                           LONG, str(RATE)], env=dev.env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_python(SCHEDULED, str(dev.fifo), str(dev.out), SHORT, LONG, str(RATE),
+                      env=dev.env)
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["outcomes"] == ["finished"] * 4
     records = {r["id"]: r for r in result["records"]}

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 from conftest import NotifySocket
+from fresh_python import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "herald.service"
@@ -235,9 +236,7 @@ log.warning("plain")
 def test_stderr_logging_is_readable(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items()
            if k not in ("INVOCATION_ID", "JOURNAL_STREAM", "NOTIFY_SOCKET")}
-    proc = subprocess.run([sys.executable, "-c", LOGGING_SCRIPT, "INFO"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_python(LOGGING_SCRIPT, "INFO", env=env, timeout=30)
     lines = proc.stderr.splitlines()
     stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
     assert len(lines) == 2, lines

@@ -4,14 +4,12 @@ missing, unexpected or misshaped weight is refused loudly."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import onnx
 import pytest
 import torch
-from conftest import ROOT
+from fresh_python import run_python
 from synthetic_voice import VARIANTS, export_like_piper, random_model
 
 from tts.errors import VoiceError
@@ -117,7 +115,6 @@ def test_loading_a_voice_hands_the_parsed_file_back() -> None:
         "before = anonymous_mb()\n"
         "ctypes.CDLL('libc.so.6').malloc_trim(0)\n"
         "print(json.dumps([before, anonymous_mb()]))\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    out = run_python(code).stdout
     before, after = json.loads(out.splitlines()[-1])
     assert before - after < 10, f"{before - after:.0f} MB were still there to hand back"
