@@ -323,7 +323,7 @@ async def test_streams_starting_together_get_windows_that_last_through_the_other
         catalog) -> None:
     """One worker, three streams of the long sentence asked for at once, the real engine.
     Alone, a stream starts with its small first window (the synthesizer's first window
-    without helpers: 16 frames, a sixth of a second); together, the first one's first
+    without helpers: 16 frames, about a fifth of a second); together, the first one's first
     window is never smaller; and whatever the windows, each stream's audio is the lone
     one's (same seed; to float rounding, as any two window plans)."""
     from sentences import LONG_SENTENCE
