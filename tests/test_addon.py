@@ -25,11 +25,11 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import ROOT
 
 from bench.net import free_port
 from daemon.settings import load_settings
 
-ROOT = Path(__file__).resolve().parent.parent
 ADDON = ROOT / "addon" / "herald"
 TOKEN = "s3cr3t-supervisor-token"
 BROKER = {"addon": "core_mosquitto", "host": "172.30.32.1", "port": "1883", "ssl": False,

@@ -26,10 +26,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import NotifySocket
+from conftest import ROOT, NotifySocket
 from fresh_python import run_python
 
-ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "herald.service"
 
 
