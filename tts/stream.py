@@ -112,8 +112,9 @@ class Synthesizer:
         and ``sentences`` is the whole text. No window is made small for an early first
         chunk, only where the helpers get work after it (``tts.lanes``): a short command
         alone is decoded in one window. Each window costs a few milliseconds besides its
-        frames: small first windows make a short command's audio take about 1.2x as long
-        as decoding it at once (bench/README.md)."""
+        frames: small first windows make all of a short command's audio take 1.0-1.2x as
+        long as decoding it at once, by host (bench/README.md's Engine figures, "all of it"
+        against "made whole")."""
         frame_seconds = self.model.config.hop_length / self.sample_rate
 
         def priors() -> Iterator[Prior]:
