@@ -19,6 +19,7 @@ ROUNDS = 10  # 60 requests counted: a descriptor or thread left by each would be
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a neighbour changes how many pool jobs overlap, so the threads pools start
 def test_rounds_of_requests_leave_no_file_descriptors_or_threads_behind() -> None:
     soak = run(ROUNDS, WARMUP)  # raises on any wrong answer, saying what was wrong
     g = soak.growth()
