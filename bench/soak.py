@@ -18,8 +18,15 @@ Every answer is checked (audio where audio is due, the error where one is due), 
 also proves that bad input and vanished clients cost the others nothing. After each round
 the driver waits until herald is idle and reads its resident memory, open file descriptors
 and threads from ``/proc``; round 0 is the same reading at ready, before any request. The
-growth is taken after the warm-up rounds, when caches, pools and the allocator's arenas have
+growth is taken after the warm-up rounds, when caches and the allocator's arenas have
 reached their size.
+
+Threads are counted by group, told apart by the names herald gives them for the OS
+(``daemon.thread_pools``). A pool starts its threads lazily, when its jobs first overlap,
+and the synthesis threads start an OpenMP team and a sharing thread only when a sentence
+finds a core free: when that happens depends on how busy the machine is, so those groups
+are held to the most they may reach (``Soak.thread_bounds``), the other threads to no more
+than their count after the warm-up.
 
     .venv/bin/python -m bench.soak [--rounds 200] [--warmup 50] [--json]
 """
@@ -59,6 +66,7 @@ from wyoming.tts import (
 )
 
 from bench.net import alsa_env, free_port, wait_port
+from daemon.thread_pools import SIZES
 
 DEVICE = "soak"
 BASE = f"herald/{DEVICE}"
@@ -78,27 +86,67 @@ class Sample:
     rss_mb: float
     fds: int
     threads: int
+    groups: dict[str, int]  # threads by group (``thread_groups``)
 
 
 @dataclass
 class Soak:
     samples: list[Sample] = field(default_factory=list)
     warmup: int = 0
+    cores: int = 1  # those herald may run on (its affinity)
 
     def growth(self) -> dict[str, float]:
         """From the end of the warm-up to the last round: the change, and memory per 1000
-        requests."""
+        requests. ``other_threads``: the most threads outside the pools and synthesis in any
+        round after the warm-up, less their number then (a thread may end meanwhile, as the
+        keep-warm probe's does once it finds idle memory stays warm: that is no leak)."""
         a, b = self.samples[self.warmup], self.samples[-1]  # samples[n]: round n
         served = max(1, b.requests - a.requests)
         return {"requests": served, "rss_mb": round(b.rss_mb - a.rss_mb, 1),
                 "rss_mb_per_1000": round((b.rss_mb - a.rss_mb) * 1000 / served, 2),
-                "fds": b.fds - a.fds, "threads": b.threads - a.threads}
+                "fds": b.fds - a.fds, "threads": b.threads - a.threads,
+                "other_threads": max(s.groups[OTHER] for s in self.samples[self.warmup:])
+                - a.groups[OTHER]}
+
+    def thread_bounds(self) -> dict[str, int]:
+        """The most threads each lazily growing group may have: a pool, its size; the
+        synthesis threads, their workers (as many as at ready, before any synthesis) each
+        with an OpenMP team of at most ``cores - 1`` threads, and the process's one sharing
+        thread."""
+        bounds = dict(SIZES)
+        bounds[SYNTHESIS] = self.samples[0].groups[SYNTHESIS] * self.cores + 1
+        return bounds
+
+    def over_bounds(self) -> list[str]:
+        """Each group that went over its bound in some round, said with the round."""
+        bounds = self.thread_bounds()
+        return [f"round {s.round}: {n} {name} threads, at most {bounds[name]}"
+                for s in self.samples for name, n in s.groups.items()
+                if name in bounds and n > bounds[name]]
 
 
 def status(pid: int) -> dict[str, str]:
     """The fields of ``/proc/PID/status``."""
     text = Path(f"/proc/{pid}/status").read_text()
     return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
+SYNTHESIS = "herald-synth"  # the workers' OS names begin so, and their threads take them
+OTHER = "other"
+
+
+def thread_groups(pid: int) -> dict[str, int]:
+    """Process ``pid``'s threads by group, from their OS names: each pool's, the synthesis
+    threads' (with the threads they start), and every other one."""
+    groups = dict.fromkeys([*SIZES, SYNTHESIS, OTHER], 0)
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+        except OSError:
+            continue  # the thread has ended
+        group = SYNTHESIS if name.startswith(SYNTHESIS) else name if name in SIZES else OTHER
+        groups[group] += 1
+    return groups
 
 
 def footprint(pid: int) -> tuple[float, int, int]:
@@ -308,13 +356,14 @@ class Driver:
                 raise AssertionError(f"Wyoming, unknown voice: {event}, not an error")
 
 
-async def settle(pid: int, session: aiohttp.ClientSession, http: str) -> tuple[float, int, int]:
+async def settle(pid: int, session: aiohttp.ClientSession, http: str
+                 ) -> tuple[float, int, int, dict[str, int]]:
     """Wait until herald is idle: no synthesis running or queued (its ``/metrics``), and its
     file descriptors and threads unchanged over 0.15 s (a vanished client's synthesis ends
     within a chunk of its going, a stopped utterance within its fade). Returns its
-    ``footprint`` then."""
+    ``footprint`` and ``thread_groups`` then."""
     deadline = time.monotonic() + 10.0
-    last: tuple[float, int, int] | None = None
+    last: tuple[float, int, int, dict[str, int]] | None = None
     steady = 0
     while steady < 3 and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
@@ -323,7 +372,7 @@ async def settle(pid: int, session: aiohttp.ClientSession, http: str) -> tuple[f
         busy = any(sample.value for family in families
                    if family.name in ("herald_active_syntheses", "herald_queue_depth")
                    for sample in family.samples)
-        now = footprint(pid)
+        now = (*footprint(pid), thread_groups(pid))
         steady = steady + 1 if last is not None and now[1:] == last[1:] and not busy else 0
         last = now
     assert last is not None
@@ -334,7 +383,7 @@ async def drive(port: int, http_port: int, wyoming_port: int, pid: int, rounds: 
                 warmup: int, progress: Callable[[Sample], None] | None = None) -> Soak:
     """Round 0 is herald at ready, before any request."""
     peer = MqttPeer(port)
-    soak = Soak(warmup=warmup)
+    soak = Soak(warmup=warmup, cores=len(os.sched_getaffinity(pid)))
     try:
         await asyncio.to_thread(peer.wait, "online", lambda: peer.online)
         driver = Driver(peer, http_port, wyoming_port)
@@ -395,7 +444,8 @@ def main() -> int:
     def show(s: Sample) -> None:
         if not a.json and (s.round % every == 0 or s.round == a.warmup):
             print(f"round {s.round:4}  requests {s.requests:6}  RSS {s.rss_mb:7.1f} MB  "
-                  f"fds {s.fds:4}  threads {s.threads:3}", flush=True)
+                  f"fds {s.fds:4}  threads {s.threads:3} "
+                  f"({', '.join(f'{k} {n}' for k, n in s.groups.items() if n)})", flush=True)
 
     t0 = time.monotonic()
     soak = run(a.rounds, a.warmup, show, a.log)
@@ -406,7 +456,11 @@ def main() -> int:
         print(f"after round {a.warmup} to round {a.rounds} ({g['requests']} requests, "
               f"{time.monotonic() - t0:.0f} s in all): RSS {g['rss_mb']:+.1f} MB "
               f"({g['rss_mb_per_1000']:+.2f} MB per 1000 requests), fds {g['fds']:+d}, "
-              f"threads {g['threads']:+d}")
+              f"threads {g['threads']:+d} ({g['other_threads']:+d} outside the pools and "
+              f"synthesis)")
+        over = soak.over_bounds()
+        print("\n".join(over) if over else "every pool and the synthesis threads within "
+              f"their bounds: {soak.thread_bounds()}")
     return 0
 
 

@@ -32,6 +32,7 @@ from .jobs.scheduler import Scheduler
 from .jobs.state import STATE_FILE, DeviceState, state_directory
 from .reload import read_settings
 from .settings import ConfigError, Settings, load_settings
+from .thread_pools import pool
 
 if TYPE_CHECKING:  # the model's parts: imported only where there is a model (node.role)
     from .synthesis.engine import Engine
@@ -124,6 +125,7 @@ class Service:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
+        loop.set_default_executor(pool("herald-io"))
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._signal, sig)
         loop.add_signal_handler(signal.SIGHUP, self._hangup)

@@ -4,11 +4,14 @@ real Mosquitto, one round of everything. Its figures are the benchmark's busines
 
 from __future__ import annotations
 
+import pytest
+
 from bench.fleet import parser, run
 
 SYNC_DELAY_MS = 400  # fleet.sync_delay's default: members play this long after chunk 0
 
 
+@pytest.mark.alone  # members play SYNC_DELAY_MS after chunk 0: a busy neighbour makes one late
 def test_the_fleet_benchmark_measures_a_small_fleet() -> None:
     r = run(parser().parse_args(["--workers", "1", "--satellites", "2", "--repeats", "1",
                                  "--bursts", "2", "--streams", "1", "--stream-rounds", "1"]))

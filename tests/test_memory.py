@@ -58,6 +58,7 @@ def test_what_is_freed_after_a_hand_back_lowers_the_resting_level() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a neighbour changes how work overlaps, so the threads and arenas it grows
 def test_a_long_request_does_not_raise_the_resting_level(tmp_path: Path) -> None:
     port = free_port()
     config = tmp_path / "herald.toml"

@@ -35,8 +35,9 @@ from tts.vits.enc_p import SHARED_IDS, column_blocks
 def _a_free_core(monkeypatch: pytest.MonkeyPatch) -> None:
     """Share as on an idle machine, whatever else runs beside the tests: the rules of
     sharing are what is tested here (``test_a_busy_machine_shares_nothing`` has the
-    other side)."""
+    other side). The lanes ask too, through their own name for it."""
     monkeypatch.setattr(sharing_module, "core_free", lambda: True)
+    monkeypatch.setattr(lanes_module, "core_free", lambda: True)
 
 
 def _phases(log: list[tuple[int, int, str]], phases: int, tasks: int,

@@ -26,6 +26,7 @@ from tts.codec import Encoder, encoder
 
 from ..mqtt.topics import Topics
 from ..settings import MqttAudioSettings
+from ..thread_pools import pool
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ class MqttAudioSink:
     def encode(self, work: Callable[[Any], None], arg: Any) -> None:
         """Run ``work(arg)`` on the encoding thread, after everything queued before it."""
         if self._encoding is None:
-            self._encoding = ThreadPoolExecutor(1, thread_name_prefix="mqtt-audio-encode")
+            self._encoding = pool("herald-mqtt-enc")
         self._encoding.submit(self._logged, work, arg)
 
     @staticmethod

@@ -36,6 +36,7 @@ from typing import Any, Generic, TypeVar
 
 from tts.options import Demand
 
+from ..thread_pools import name_native
 from .deadlines import Due, admitted, least_audio, pick
 
 log = logging.getLogger(__name__)
@@ -239,6 +240,9 @@ class _Worker:
         self._wake.set()
 
     def _run(self) -> None:
+        # Named for the OS, so are the threads torch starts from this one (an OpenMP team, a
+        # process's sharing thread): a Linux thread takes its creator's name.
+        name_native()
         _current.worker = self
         if self.pool._setup is not None:
             self.pool._setup()

@@ -21,7 +21,7 @@ import asyncio
 import base64
 import json
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, Literal
 
 from aiohttp import hdrs, web
@@ -30,6 +30,7 @@ from tts.audio import AudioFormat
 from tts.codec import FORMATS, CodecName, Encoder, encode, encoder
 
 from ...jobs.metrics import LatencyRecord
+from ...thread_pools import pool
 from .fields import ApiError, string_field
 
 Events = Literal["herald", "openai"]  # whose server-sent events, or None for raw audio
@@ -37,9 +38,7 @@ Events = Literal["herald", "openai"]  # whose server-sent events, or None for ra
 SSE_CONTENT_TYPE = "text/event-stream"
 STREAM_FORMATS = ("audio", "sse")  # OpenAI's ``stream_format``
 _THREADED = frozenset({"mp3", "opus"})  # formats whose encoding leaves the loop
-# Encoding jobs are short and each response runs one at a time: two threads keep a stream
-# from waiting behind another's job without letting encoders crowd the synthesis workers.
-_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="herald-encode")
+_pool = pool("herald-encode")
 _NO_USAGE = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
 
 

@@ -18,13 +18,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tts import AudioFormat
 
+from ...thread_pools import pool
 from ..protocol import SpeakerUnavailable
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ class Device:
         self.reinit = False  # re-scan devices before the next open
         self.generation = 0  # stream starts so far: tells stale completion reports apart
         self._sd: Any = None  # the sounddevice module, imported on first use
-        self._pa = ThreadPoolExecutor(max_workers=1, thread_name_prefix="herald-speaker")
+        self._pa = pool("herald-speaker")
         self._pa_closed = False
         self._failed_at: float | None = None
         self._failure = ""
@@ -128,7 +128,7 @@ class Device:
 
     def reopen_thread(self) -> None:
         if self._pa_closed:
-            self._pa = ThreadPoolExecutor(max_workers=1, thread_name_prefix="herald-speaker")
+            self._pa = pool("herald-speaker")
             self._pa_closed = False
 
     def close_thread(self) -> None:
