@@ -27,6 +27,7 @@ from daemon.jobs.metrics import LatencyRecord, Metrics
 from daemon.jobs.request import Request, TextStream
 from daemon.jobs.scheduler import Scheduler
 from daemon.settings import SchedulerSettings
+from daemon.sinks.client import ClientSink
 from daemon.sinks.speaker import PlaybackStats
 from daemon.synthesis.engine import Engine
 from tts import AudioFormat, SynthesisOptions, UnknownVoice
@@ -302,6 +303,22 @@ async def test_stop_removes_waiting_and_cuts_running(engine: Engine) -> None:
     assert [rid for rid, kind in r.events if kind == "started"] == ["a"]
     assert r.recorder.streams["a"].outcome == "stopped"
     assert r.scheduler.snapshot()["queue"] == 0
+
+
+async def test_a_client_lets_go_of_its_job_once_it_ends(engine: Engine) -> None:
+    """A client's job, ended or dropped, is not held by its client: together they would be
+    a cycle that only the garbage collector's rare full pass frees."""
+    r = rig(engine, parallel=1)
+    done, dropped = ClientSink("http"), ClientSink("http")
+    a = r.scheduler.submit(req("a", sinks=(), client=done))
+    r.scheduler.submit(req("b", sinks=(), client=dropped))
+    assert done.on_leave is not None and dropped.on_leave is not None
+    dropped.leave()  # gone while waiting: dropped
+    while await done.read() is not None:
+        pass
+    assert await asyncio.wait_for(a, 30) == "finished"
+    assert done.on_leave is None and dropped.on_leave is None
+    assert dropped.outcome == "stopped"
 
 
 async def test_refusals_leave_nothing_behind(engine: Engine) -> None:

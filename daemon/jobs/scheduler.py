@@ -318,8 +318,14 @@ class Scheduler:
             self.speaker.cut(utt)
 
     def _forget(self, utt: Utterance) -> None:
+        """``utt`` has ended or gone: its id is free, and its client's going away no longer
+        concerns it. The client lets go of it too: holding it, the client and the utterance
+        (with its request and buffers) would form a cycle that only a full pass of the
+        garbage collector frees, and those are rare in a process with torch's objects."""
         if self._ids.get(utt.req.id) is utt:  # a tee's copy shares its feeder's id
             del self._ids[utt.req.id]
+            if utt.req.client is not None:
+                utt.req.client.on_leave = None
 
     def _release(self, utt: Utterance) -> None:
         """Stop the synthesis that feeds ``utt`` once nobody reads it any more."""

@@ -392,8 +392,8 @@ def _serve(conn: Connection, catalog: VoiceCatalog) -> None:
                 catalog.synthesizer(payload)  # loaded here unless herald had it at the fork
             elif kind == "job":
                 pending.append((job_id, payload))
-            elif kind == "cancel":
-                cancelled.add(job_id)
+            elif kind == "cancel" and any(k == job_id for k, _ in pending):
+                cancelled.add(job_id)  # one begun or done already is not in ``pending``
         job_id, (voice, plain) = pending.popleft()
         if job_id in cancelled:
             cancelled.discard(job_id)

@@ -32,7 +32,7 @@ from .extension import Extension, Front, Message, Route
 
 log = logging.getLogger(__name__)
 
-_UNRESOLVED_MAX = 256  # stops of ids not found, waiting for their other copy
+_UNRESOLVED_MAX = 256  # stops whose other copy is still to come
 
 
 class Commands(Extension):
@@ -45,8 +45,9 @@ class Commands(Extension):
                                   self._call_later, front.seen,
                                   lambda e: front.error(topics.say_stream, str(e), e.id, e.code))
         self._streaming: set[str] = set()  # say/stream requests not yet ended
-        # A stop of an id not found by one copy: which copy ("main", "stream") is waiting
-        # for the other (see the module docstring).
+        # A stop of an id whose other copy is still to come: which copy ("main", "stream")
+        # found nothing and waits for it (see the module docstring), or "stopped": the main
+        # copy stopped it, and the stream's has nothing to add.
         self._unresolved: OrderedDict[str, str] = OrderedDict()
         self._routes = {topics.say: Route(self._on_say),
                         topics.say_stream: Route(self._on_stream),
@@ -117,7 +118,8 @@ class Commands(Extension):
                      "its way, so the stop's copy on the stream connection decides", request_id)
             self._wait_for_other_copy(request_id, "main")
         else:
-            self._unresolved.pop(request_id, None)
+            if self._unresolved.pop(request_id, None) is None and self.front.stream_connected:
+                self._wait_for_other_copy(request_id, "stopped")
 
     def _on_stop_in_order(self, msg: Message) -> None:
         """The stream connection's copy of a stop (see the module docstring). A bad payload
@@ -127,9 +129,12 @@ class Commands(Extension):
             scheduler = self.front.scheduler_for()
         except RequestError:
             return
-        if request_id is not None and self._unresolved.get(request_id) == "main":
-            del self._unresolved[request_id]
+        waiting = None if request_id is None else self._unresolved.pop(request_id, None)
+        if waiting == "main":
+            assert request_id is not None
             scheduler.stop(request_id)  # if nothing has that id after all, the error says so
+            return
+        if waiting == "stopped":
             return
         if request_id is not None and request_id not in self._streaming:
             self._wait_for_other_copy(request_id, "stream")
