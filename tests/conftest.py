@@ -17,7 +17,7 @@ from bench.net import alsa_env, free_port, wait_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The suite on two xdist workers (README, Development): module order, @pytest.mark.alone
+# The suite on two xdist workers (README's test command): module order, @pytest.mark.alone
 pytest_plugins = ["parallel"]
 
 

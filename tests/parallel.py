@@ -1,4 +1,4 @@
-"""How the suite shares two cores on two pytest-xdist workers (README, Development),
+"""How the suite shares two cores on two pytest-xdist workers (README's test command),
 a test module to each at a time (``--dist loadfile``), since most tests wait on real time
 (audio played at its pace, brokers, timeouts) rather than on the CPU. Without xdist (one
 process runs every test in turn) nothing here does anything.
