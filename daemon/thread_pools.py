@@ -15,8 +15,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 SIZES: dict[str, int] = {
-    # asyncio's default executor (``asyncio.to_thread``): short blocking calls (file reads,
-    # catalog scans, waits for a publish), as many as Python would give it.
+    # asyncio's default executor (``asyncio.to_thread``): what would block the event loop
+    # (resampling for the speaker, file reads, catalog scans, waits for a publish), as many
+    # threads as Python would give it.
     "herald-io": min(32, (os.cpu_count() or 1) + 4),
     # HTTP's mp3 and opus encoding: jobs are short and each response runs one at a time;
     # two threads keep a stream from waiting behind another's job without letting encoders
