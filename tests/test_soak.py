@@ -14,7 +14,7 @@ import pytest
 
 from bench.soak import SYNTHESIS, run
 
-WARMUP = 5  # rounds before the counts are taken: pools and connections reach their size
+WARMUP = 5  # rounds before the counts are taken: connections and caches reach their size
 ROUNDS = 10  # 60 requests counted: a descriptor or thread left by each would be 60
 
 
