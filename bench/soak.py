@@ -87,6 +87,9 @@ class Sample:
     fds: int
     threads: int
     groups: dict[str, int]  # threads by group (``thread_groups``)
+    # Of ``rss_mb``, the anonymous part (the heaps, not library pages read back in: code the
+    # start-up ran and ``tts.memory`` gave back returns as new paths run).
+    anon_mb: float
 
 
 @dataclass
@@ -104,6 +107,7 @@ class Soak:
         served = max(1, b.requests - a.requests)
         return {"requests": served, "rss_mb": round(b.rss_mb - a.rss_mb, 1),
                 "rss_mb_per_1000": round((b.rss_mb - a.rss_mb) * 1000 / served, 2),
+                "anon_mb": round(b.anon_mb - a.anon_mb, 1),
                 "fds": b.fds - a.fds, "threads": b.threads - a.threads,
                 "other_threads": max(s.groups[OTHER] for s in self.samples[self.warmup:])
                 - a.groups[OTHER]}
@@ -147,6 +151,11 @@ def thread_groups(pid: int) -> dict[str, int]:
         group = SYNTHESIS if name.startswith(SYNTHESIS) else name if name in SIZES else OTHER
         groups[group] += 1
     return groups
+
+
+def anonymous_mb(pid: int) -> float:
+    """Resident anonymous memory (MB) of process ``pid``."""
+    return int(status(pid)["RssAnon"].split()[0]) / 1024
 
 
 def footprint(pid: int) -> tuple[float, int, int]:
@@ -357,13 +366,13 @@ class Driver:
 
 
 async def settle(pid: int, session: aiohttp.ClientSession, http: str
-                 ) -> tuple[float, int, int, dict[str, int]]:
+                 ) -> tuple[float, int, int, dict[str, int], float]:
     """Wait until herald is idle: no synthesis running or queued (its ``/metrics``), and its
     file descriptors and threads unchanged over 0.15 s (a vanished client's synthesis ends
     within a chunk of its going, a stopped utterance within its fade). Returns its
-    ``footprint`` and ``thread_groups`` then."""
+    ``footprint``, ``thread_groups`` and ``anonymous_mb`` then."""
     deadline = time.monotonic() + 10.0
-    last: tuple[float, int, int, dict[str, int]] | None = None
+    last: tuple[float, int, int, dict[str, int], float] | None = None
     steady = 0
     while steady < 3 and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
@@ -372,8 +381,8 @@ async def settle(pid: int, session: aiohttp.ClientSession, http: str
         busy = any(sample.value for family in families
                    if family.name in ("herald_active_syntheses", "herald_queue_depth")
                    for sample in family.samples)
-        now = (*footprint(pid), thread_groups(pid))
-        steady = steady + 1 if last is not None and now[1:] == last[1:] and not busy else 0
+        now = (*footprint(pid), thread_groups(pid), anonymous_mb(pid))
+        steady = steady + 1 if last is not None and now[1:4] == last[1:4] and not busy else 0
         last = now
     assert last is not None
     return last
@@ -443,7 +452,8 @@ def main() -> int:
 
     def show(s: Sample) -> None:
         if not a.json and (s.round % every == 0 or s.round == a.warmup):
-            print(f"round {s.round:4}  requests {s.requests:6}  RSS {s.rss_mb:7.1f} MB  "
+            print(f"round {s.round:4}  requests {s.requests:6}  RSS {s.rss_mb:7.1f} MB "
+                  f"(anonymous {s.anon_mb:6.1f})  "
                   f"fds {s.fds:4}  threads {s.threads:3} "
                   f"({', '.join(f'{k} {n}' for k, n in s.groups.items() if n)})", flush=True)
 
@@ -455,7 +465,8 @@ def main() -> int:
     else:
         print(f"after round {a.warmup} to round {a.rounds} ({g['requests']} requests, "
               f"{time.monotonic() - t0:.0f} s in all): RSS {g['rss_mb']:+.1f} MB "
-              f"({g['rss_mb_per_1000']:+.2f} MB per 1000 requests), fds {g['fds']:+d}, "
+              f"({g['rss_mb_per_1000']:+.2f} MB per 1000 requests; anonymous "
+              f"{g['anon_mb']:+.1f} MB), fds {g['fds']:+d}, "
               f"threads {g['threads']:+d} ({g['other_threads']:+d} outside the pools and "
               f"synthesis)")
         over = soak.over_bounds()

@@ -22,8 +22,8 @@ ROUNDS = 10  # 60 requests counted: a descriptor or thread left by each would be
 def test_rounds_of_requests_leave_no_file_descriptors_or_threads_behind() -> None:
     soak = run(ROUNDS, WARMUP)  # raises on any wrong answer, saying what was wrong
     g = soak.growth()
-    trace = "\n".join(f"round {s.round}: {s.rss_mb:.1f} MB, {s.fds} fds, {s.threads} threads "
-                      f"{s.groups}" for s in soak.samples)
+    trace = "\n".join(f"round {s.round}: {s.rss_mb:.1f} MB ({s.anon_mb:.1f} anonymous), "
+                      f"{s.fds} fds, {s.threads} threads {s.groups}" for s in soak.samples)
     assert g["requests"] == (ROUNDS - WARMUP) * 12
     # Exact: after each round herald is idle and every client has gone.
     assert g["fds"] == 0, trace
