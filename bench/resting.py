@@ -29,7 +29,7 @@ from wyoming.error import Error
 from wyoming.tts import Synthesize
 
 from bench.net import alsa_env, free_port, wait_port
-from bench.soak import footprint, status
+from bench.soak import anonymous_mb, footprint
 
 # Sentences of different lengths, as a long text has: each length its own convolution shapes.
 SENTENCES = [
@@ -72,13 +72,6 @@ async def synthesize(port: int, text: str) -> float:
                 samples += len(AudioChunk.from_event(event).audio) // 2
             elif AudioStop.is_type(event.type):
                 return samples / 22050
-
-
-def anonymous_mb(pid: int) -> float:
-    """Resident anonymous memory (MB) of process ``pid``: the heap and the weights, what
-    the process itself keeps. File-backed pages (torch's libraries' code) are the kernel's
-    to drop and read back as the host's memory is in demand, whatever herald does."""
-    return int(status(pid)["RssAnon"].split()[0]) / 1024
 
 
 def resting(pid: int, settle: float = 3.0, anonymous: bool = False) -> float:

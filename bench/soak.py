@@ -154,7 +154,9 @@ def thread_groups(pid: int) -> dict[str, int]:
 
 
 def anonymous_mb(pid: int) -> float:
-    """Resident anonymous memory (MB) of process ``pid``."""
+    """Resident anonymous memory (MB) of process ``pid``: the heap and the weights, what
+    the process itself keeps. File-backed pages (torch's libraries' code) are the kernel's
+    to drop and read back as the host's memory is in demand, whatever herald does."""
     return int(status(pid)["RssAnon"].split()[0]) / 1024
 
 
@@ -372,7 +374,7 @@ async def settle(pid: int, session: aiohttp.ClientSession, http: str
     within a chunk of its going, a stopped utterance within its fade). Returns its
     ``footprint``, ``thread_groups`` and ``anonymous_mb`` then."""
     deadline = time.monotonic() + 10.0
-    last: tuple[float, int, int, dict[str, int], float] | None = None
+    last: tuple[float, int, int, dict[str, int]] | None = None
     steady = 0
     while steady < 3 and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
@@ -381,11 +383,11 @@ async def settle(pid: int, session: aiohttp.ClientSession, http: str
         busy = any(sample.value for family in families
                    if family.name in ("herald_active_syntheses", "herald_queue_depth")
                    for sample in family.samples)
-        now = (*footprint(pid), thread_groups(pid), anonymous_mb(pid))
-        steady = steady + 1 if last is not None and now[1:4] == last[1:4] and not busy else 0
+        now = (*footprint(pid), thread_groups(pid))
+        steady = steady + 1 if last is not None and now[1:] == last[1:] and not busy else 0
         last = now
     assert last is not None
-    return last
+    return *last, anonymous_mb(pid)
 
 
 async def drive(port: int, http_port: int, wyoming_port: int, pid: int, rounds: int,

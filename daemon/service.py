@@ -328,9 +328,8 @@ class Service:
             await engine.preload(voice)
         # Start-up's objects (torch's import, the voices: some 175,000) live as long as the
         # process: left out of the garbage collector's full passes, which took ~110 ms over
-        # them (one came in a soak's 480 requests), stalling every stream meanwhile: a pass
-        # holds the interpreter. Frozen before the fork, they stay so in the helpers, whose
-        # passes then write to none of the pages they share with this process.
+        # them, holding the interpreter and so every stream (bench/README.md, "Measurements
+        # behind the defaults"). Frozen before the fork, they stay so in the helpers.
         gc.freeze()
         engine.start_helpers()  # forked now: they share the loaded voices
         engine.keep_warm()

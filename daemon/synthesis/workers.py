@@ -240,8 +240,8 @@ class _Worker:
         self._wake.set()
 
     def _run(self) -> None:
-        # Named for the OS, so are the threads torch starts from this one (an OpenMP team, a
-        # process's sharing thread): a Linux thread takes its creator's name.
+        # Named for the OS; so are the threads torch starts from this one (an OpenMP team, the
+        # process's sharing thread), since a Linux thread takes its creator's name.
         name_native()
         _current.worker = self
         if self.pool._setup is not None:
