@@ -920,6 +920,50 @@ def test_only_a_first_window_a_listener_waits_for_is_computed_at_its_own_length(
         assert np.abs(audio - one_shot_audio(model, z)).max() < 1e-4
 
 
+def test_a_first_window_a_demand_makes_larger_than_the_plan_is_rounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beside other syntheses a demand sizes the windows (``Demand``), and the first one a
+    listener waits for is then as long as the moment asks: at its own length, every new
+    length would build the generator's convolutions anew and keep them in the kernel cache,
+    a few megabytes a length, for as long as the cache takes them in. So only a first
+    window the plan fixes is computed at its own length; one a demand makes larger is
+    rounded like the windows after it. The audio is the one-shot audio either way."""
+    from tts import generator_stream
+    from tts.generator_stream import FRAMES_QUANTUM
+    from tts.vits.layers import Conv
+
+    model = random_model(VARIANTS["medium"])
+    pre, dc, first = model.dec.conv_pre, model.dec.receptive_field, 5
+    reads: list[list[int]] = []
+    init, valid = generator_stream.StreamingGenerator.__init__, Conv.valid
+
+    def begun(self: generator_stream.StreamingGenerator, *args: object,
+              **kwargs: object) -> None:
+        reads.append([])
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    def read(self: Conv, x: torch.Tensor, pad: int = 0) -> torch.Tensor:
+        if self is pre:
+            reads[-1].append(x.shape[-1])
+        return valid(self, x, pad)
+
+    monkeypatch.setattr(generator_stream.StreamingGenerator, "__init__", begun)
+    monkeypatch.setattr(Conv, "valid", read)
+    torch.manual_seed(6)
+    z = torch.randn(1, model.config.inter_channels, 150)
+    context = 2 * pre.radius
+    for asked, exact in ((None, True), (0, True), (first, True), (37, False)):
+        reads.clear()
+        chunks = [c for c, _ in decode_windows(model, z, None, first=first,
+                                               wanted=lambda a=asked: a)]
+        n = reads[0][0]
+        if exact:
+            assert n == pre.radius + first + dc, (asked, reads)
+        else:  # the demand's 37 frames and the look-ahead, rounded
+            assert n >= pre.radius + 37 + dc and (n - context) % FRAMES_QUANTUM == 0, reads
+        assert np.abs(np.concatenate(chunks) - one_shot_audio(model, z)).max() < 1e-4
+
+
 def test_windows_after_the_first_hold_whole_quanta_of_the_generators_frames() -> None:
     """A pace that pays for 37 frames a window. The generator computes every push past a
     piece's first over a whole number of ``FRAMES_QUANTUM`` frames (16), so a 37-frame

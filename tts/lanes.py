@@ -264,22 +264,30 @@ class _Lanes:
             # now, not after its first window, which would leave them idle meanwhile (in a
             # text made whole, for every such sentence).
             self._share_before_first_window(span)
-        if span.piece is None:
-            # A sentence's first window that a listener waits for (no audio in hand) is the
-            # plan's, computed at its own length; any other is sized by what is buffered, and
-            # its lengths are rounded (``StreamConv``).
-            waited = playing and span.start == 0 and self.pace.spare() <= 0
-            span.piece = Piece(self.model, span.latents, span.g, self.gain, span.start,
-                               span.end, self.pace.clock, exact_start=waited)
+        piece = span.piece
+        begun = piece is None
+        asked: int | None = None
+        if piece is None:
             if playing and span.start == 0:
                 self.planned = self._first_window(span)
-        piece = span.piece
+            asked = self.wanted() if playing and self.wanted is not None else None
+            # A sentence's first window that a listener waits for (no audio in hand) is
+            # computed at its own length where the plan fixes that length. Any other is
+            # rounded (``StreamConv``): one sized by what is buffered, or by a demand, whose
+            # lengths vary with the moment and would each build kernels met once, for as
+            # long as the kernel cache takes them in.
+            waited = (playing and span.start == 0 and self.pace.spare() <= 0
+                      and (asked is None or asked <= self.planned))
+            piece = span.piece = Piece(self.model, span.latents, span.g, self.gain,
+                                       span.start, span.end, self.pace.clock,
+                                       exact_start=waited)
         if piece.steps and span.start == 0 and not span.shared:
             self._share(span)  # the first window is out: the rest of the sentence is wanted
         elif piece.steps and self.hand_out_later and not self._prior_pending():
             self.hand_out_later = False
             self._hand_out()
-        asked = self.wanted() if playing and self.wanted is not None else None
+        if not begun and playing and self.wanted is not None:
+            asked = self.wanted()
         size = self.pace.size(self.planned, self.largest, asked) if playing else self.largest
         if piece.steps:
             # Past its first window a piece's pushes are its windows, and the generator
