@@ -964,6 +964,41 @@ def test_a_first_window_a_demand_makes_larger_than_the_plan_is_rounded(
         assert np.abs(np.concatenate(chunks) - one_shot_audio(model, z)).max() < 1e-4
 
 
+def test_a_first_window_that_ends_where_its_piece_does_is_rounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short sentence made whole at two lanes with no core free for intra-op threads is
+    cut in two, and the playing lane's half is then one window to the cut (the largest
+    window, the tail folded in). Its length is the half's, which each sentence's length
+    (drawn durations) sets anew, not the plan's: at its own length it would build the
+    generator's convolutions anew each time. So it is rounded like the windows after a
+    first one; every push the generator's first convolution reads holds whole quanta of
+    frames. The audio is the one-shot audio."""
+    from tts.generator_stream import FRAMES_QUANTUM
+    from tts.vits.layers import Conv
+
+    monkeypatch.setattr(lanes_module, "core_free", lambda: False)
+    model = random_model(VARIANTS["medium"])
+    pre = model.dec.conv_pre
+    reads: list[int] = []
+    valid = Conv.valid
+
+    def read(self: Conv, x: torch.Tensor, pad: int = 0) -> torch.Tensor:
+        if self is pre:
+            reads.append(x.shape[-1])
+        return valid(self, x, pad)
+
+    monkeypatch.setattr(Conv, "valid", read)
+    torch.manual_seed(7)
+    z = torch.randn(1, model.config.inter_channels, 150)
+    helpers = Inline(2)
+    chunks = [c for c, _ in decode_windows(model, z, None, first=5, helpers=helpers,
+                                           whole=True)]
+    assert helpers.offered == 1, "the sentence was cut for the helper"
+    context = 2 * pre.radius
+    assert reads and all((n - context) % FRAMES_QUANTUM == 0 for n in reads), reads
+    assert np.abs(np.concatenate(chunks) - one_shot_audio(model, z)).max() < 1e-4
+
+
 def test_windows_after_the_first_hold_whole_quanta_of_the_generators_frames() -> None:
     """A pace that pays for 37 frames a window. The generator computes every push past a
     piece's first over a whole number of ``FRAMES_QUANTUM`` frames (16), so a 37-frame

@@ -265,46 +265,48 @@ class _Lanes:
             # text made whole, for every such sentence).
             self._share_before_first_window(span)
         piece = span.piece
-        begun = piece is None
         asked: int | None = None
         if piece is None:
             if playing and span.start == 0:
                 self.planned = self._first_window(span)
-            asked = self.wanted() if playing and self.wanted is not None else None
-            # A sentence's first window that a listener waits for (no audio in hand) is
-            # computed at its own length where the plan fixes that length. Any other is
-            # rounded (``StreamConv``): one sized by what is buffered, or by a demand, whose
-            # lengths vary with the moment and would each build kernels met once, for as
-            # long as the kernel cache takes them in.
-            waited = (playing and span.start == 0 and self.pace.spare() <= 0
-                      and (asked is None or asked <= self.planned))
-            piece = span.piece = Piece(self.model, span.latents, span.g, self.gain,
-                                       span.start, span.end, self.pace.clock,
-                                       exact_start=waited)
-        if piece.steps and span.start == 0 and not span.shared:
+        elif span.start == 0 and not span.shared:
             self._share(span)  # the first window is out: the rest of the sentence is wanted
-        elif piece.steps and self.hand_out_later and not self._prior_pending():
+        elif self.hand_out_later and not self._prior_pending():
             self.hand_out_later = False
             self._hand_out()
-        if not begun and playing and self.wanted is not None:
+        if playing and self.wanted is not None:
             asked = self.wanted()
         size = self.pace.size(self.planned, self.largest, asked) if playing else self.largest
-        if piece.steps:
+        if piece is not None:
             # Past its first window a piece's pushes are its windows, and the generator
             # computes each over whole quanta of frames (``StreamConv``): a window of the
             # rounded length costs what this one would (a demand's too, but for the flow's
             # few frames more), and makes audio of the padding.
             size = min(self.largest, rounded(size, FRAMES_QUANTUM))
         latents = span.latents
-        limit = latents.frames if piece.end is None else piece.end
+        reached = span.start if piece is None else piece.reached
+        stop = span.end if piece is None else piece.end
+        limit = latents.frames if stop is None else stop
         # The tail folded in: what the buffered audio pays for, up to the largest window,
         # while nothing else waits (a window the others were not told of would delay them);
         # else less than a first one.
         fold = (min(self.pace.foldable(size), self.largest - size)
                 if playing and asked is None else 0)
         least = (self.largest if self._alone(span.sentence) else self.first) - 1
-        end = next_end(piece.reached, size, max(least, fold), limit,
-                       latents.complete or piece.end is not None)
+        end = next_end(reached, size, max(least, fold), limit,
+                       latents.complete or stop is not None)
+        if piece is None:
+            # A sentence's first window that a listener waits for (no audio in hand) is
+            # computed at its own length where that is the plan's. Any other is rounded
+            # (``StreamConv``): one sized by what is buffered or by a demand, or made longer
+            # or shorter than the plan by the tail folded in or by the end of a piece of the
+            # sentence, whose lengths vary with the moment and the sentence and would each
+            # build kernels met once, for as long as the kernel cache takes them in.
+            waited = (playing and span.start == 0 and self.pace.spare() <= 0
+                      and size == self.planned and end - span.start == size)
+            piece = span.piece = Piece(self.model, span.latents, span.g, self.gain,
+                                       span.start, span.end, self.pace.clock,
+                                       exact_start=waited)
         before, started = piece.reached, self.pace.clock()
         ahead = 0 if asked is not None else self.pace.flow_ahead(FLOW_AHEAD, piece.flow_ran)
         with intra_op(span.intra if playing else 1):
