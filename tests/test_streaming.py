@@ -875,20 +875,13 @@ def test_a_played_sentences_first_window_is_larger_when_no_helper_shares_the_tex
     assert np.abs(audio["alone"] - audio["helped"]).max() < 1e-4
 
 
-def test_only_a_first_window_a_listener_waits_for_is_computed_at_its_own_length(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two sentences, the second begun with the first one's audio in hand. The generator's
-    first convolution reads the first sentence's first window at its own length (the plan's
-    window, its look-ahead and the one-shot padding): the first audio waits for no padding.
-    Every other push it reads, the second sentence's first among them, is rounded to whole
-    quanta of frames, so that its lengths recur and the kernel cache holds them
-    (``StreamConv``)."""
+def _conv_pre_reads(monkeypatch: pytest.MonkeyPatch, model: Vits) -> list[list[int]]:
+    """What the generator's first convolution reads, push by push, one list per streamed
+    generator made from here on."""
     from tts import generator_stream
-    from tts.generator_stream import FRAMES_QUANTUM
     from tts.vits.layers import Conv
 
-    model = random_model(VARIANTS["medium"])
-    pre, dc, first = model.dec.conv_pre, model.dec.receptive_field, 5
+    pre = model.dec.conv_pre
     reads: list[list[int]] = []
     init, valid = generator_stream.StreamingGenerator.__init__, Conv.valid
 
@@ -904,6 +897,22 @@ def test_only_a_first_window_a_listener_waits_for_is_computed_at_its_own_length(
 
     monkeypatch.setattr(generator_stream.StreamingGenerator, "__init__", begun)
     monkeypatch.setattr(Conv, "valid", read)
+    return reads
+
+
+def test_only_a_first_window_a_listener_waits_for_is_computed_at_its_own_length(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two sentences, the second begun with the first one's audio in hand. The generator's
+    first convolution reads the first sentence's first window at its own length (the plan's
+    window, its look-ahead and the one-shot padding): the first audio waits for no padding.
+    Every other push it reads, the second sentence's first among them, is rounded to whole
+    quanta of frames, so that its lengths recur and the kernel cache holds them
+    (``StreamConv``)."""
+    from tts.generator_stream import FRAMES_QUANTUM
+
+    model = random_model(VARIANTS["medium"])
+    pre, dc, first = model.dec.conv_pre, model.dec.receptive_field, 5
+    reads = _conv_pre_reads(monkeypatch, model)
     torch.manual_seed(5)
     priors = [torch.randn(1, model.config.inter_channels, n) for n in (150, 200)]
     in_hand = Pace(256 / 16000, clock=lambda: 0.0)  # what is handed out stays to be played
@@ -925,30 +934,14 @@ def test_a_first_window_a_demand_makes_larger_than_the_plan_is_rounded(
     """Beside other syntheses a demand sizes the windows (``Demand``), and the first one a
     listener waits for is then as long as the moment asks: at its own length, every new
     length would build the generator's convolutions anew and keep them in the kernel cache,
-    a few megabytes a length, for as long as the cache takes them in. So only a first
+    about twenty kernels a length, for as long as the cache takes them in. So only a first
     window the plan fixes is computed at its own length; one a demand makes larger is
     rounded like the windows after it. The audio is the one-shot audio either way."""
-    from tts import generator_stream
     from tts.generator_stream import FRAMES_QUANTUM
-    from tts.vits.layers import Conv
 
     model = random_model(VARIANTS["medium"])
     pre, dc, first = model.dec.conv_pre, model.dec.receptive_field, 5
-    reads: list[list[int]] = []
-    init, valid = generator_stream.StreamingGenerator.__init__, Conv.valid
-
-    def begun(self: generator_stream.StreamingGenerator, *args: object,
-              **kwargs: object) -> None:
-        reads.append([])
-        init(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    def read(self: Conv, x: torch.Tensor, pad: int = 0) -> torch.Tensor:
-        if self is pre:
-            reads[-1].append(x.shape[-1])
-        return valid(self, x, pad)
-
-    monkeypatch.setattr(generator_stream.StreamingGenerator, "__init__", begun)
-    monkeypatch.setattr(Conv, "valid", read)
+    reads = _conv_pre_reads(monkeypatch, model)
     torch.manual_seed(6)
     z = torch.randn(1, model.config.inter_channels, 150)
     context = 2 * pre.radius
@@ -974,20 +967,11 @@ def test_a_first_window_that_ends_where_its_piece_does_is_rounded(
     first one; every push the generator's first convolution reads holds whole quanta of
     frames. The audio is the one-shot audio."""
     from tts.generator_stream import FRAMES_QUANTUM
-    from tts.vits.layers import Conv
 
     monkeypatch.setattr(lanes_module, "core_free", lambda: False)
     model = random_model(VARIANTS["medium"])
     pre = model.dec.conv_pre
-    reads: list[int] = []
-    valid = Conv.valid
-
-    def read(self: Conv, x: torch.Tensor, pad: int = 0) -> torch.Tensor:
-        if self is pre:
-            reads.append(x.shape[-1])
-        return valid(self, x, pad)
-
-    monkeypatch.setattr(Conv, "valid", read)
+    reads = _conv_pre_reads(monkeypatch, model)
     torch.manual_seed(7)
     z = torch.randn(1, model.config.inter_channels, 150)
     helpers = Inline(2)
@@ -995,7 +979,7 @@ def test_a_first_window_that_ends_where_its_piece_does_is_rounded(
                                            whole=True)]
     assert helpers.offered == 1, "the sentence was cut for the helper"
     context = 2 * pre.radius
-    assert reads and all((n - context) % FRAMES_QUANTUM == 0 for n in reads), reads
+    assert reads and all((n - context) % FRAMES_QUANTUM == 0 for r in reads for n in r), reads
     assert np.abs(np.concatenate(chunks) - one_shot_audio(model, z)).max() < 1e-4
 
 
