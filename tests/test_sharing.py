@@ -38,6 +38,7 @@ def _a_free_core(monkeypatch: pytest.MonkeyPatch) -> None:
     other side). The lanes ask too, through their own name for it."""
     monkeypatch.setattr(sharing_module, "core_free", lambda: True)
     monkeypatch.setattr(lanes_module, "core_free", lambda: True)
+    monkeypatch.setattr(lanes_module, "crowded", lambda: False)
 
 
 def _phases(log: list[tuple[int, int, str]], phases: int, tasks: int,
@@ -338,6 +339,28 @@ def test_in_order_runs_everything_on_the_calling_thread() -> None:
     in_order(_phases(log, 2, 3, 0.0))
     assert [(k, i) for k, i, _ in log] == [(k, i) for k in range(2) for i in range(3)]
     assert {name for _, _, name in log} == {threading.current_thread().name}
+
+
+def test_a_busy_process_crowds_the_cores_a_helper_would_share(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beside a process that keeps a core busy, a helper handed work would share the cores
+    with it and with the lane (``crowded``). A helper process of this herald's at work is
+    not such a process: its runnable thread is what ``count_as_own`` takes off the count,
+    for as long as the helper is counted."""
+    monkeypatch.undo()
+    busy = subprocess.Popen([sys.executable, "-c", "print('busy', flush=True)\nwhile True: pass"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert busy.stdout is not None and busy.stdout.readline() == "busy\n"
+        assert sharing_module.crowded()
+        assert sharing_module._runnable(str(busy.pid)) == 1  # runnable, if not running
+        sharing_module.count_as_own(busy.pid)
+        assert busy.pid in sharing_module._own_helpers
+        sharing_module.count_as_own(busy.pid, own=False)
+        assert busy.pid not in sharing_module._own_helpers
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 def test_a_busy_machine_shares_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

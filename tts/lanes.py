@@ -9,6 +9,10 @@ work is shared out:
 * the sentences after it go to them too, whole, while they have room: their priors (the
   text encoder, the durations and the sampling, which draw the sampling noise in order) are
   computed here, their audio there;
+* beside a busy process (``tts.sharing.crowded``) both wait for the playing lane's second
+  window: a helper at work then shares the cores with that process and this lane, whose
+  next window runs several times slower (``tts.pace.Pace.crowd``), and the priors are
+  computed here between two chunks;
 * a sentence the playing lane begins with nothing at the helpers (a text's first) has its
   text encoder shared with a second thread of this process (``tts.sharing``): the core
   its helper will decode on is free until the sentence's first window is out. A short
@@ -44,7 +48,7 @@ from .generator_stream import FRAMES_QUANTUM
 from .incremental import rounded
 from .pace import Pace, next_end
 from .pieces import HelperFailed, Helpers, Helping, Latents, Piece, PieceJob
-from .sharing import core_free, sharing_thread
+from .sharing import core_free, crowded, sharing_thread
 from .threads import intra_op, intra_op_available
 from .vits import Vits
 from .vits.model import PriorParts
@@ -269,11 +273,15 @@ class _Lanes:
         if piece is None:
             if playing and span.start == 0:
                 self.planned = self._first_window(span)
-        elif span.start == 0 and not span.shared:
-            self._share(span)  # the first window is out: the rest of the sentence is wanted
-        elif self.hand_out_later and not self._prior_pending():
-            self.hand_out_later = False
-            self._hand_out()
+        else:
+            cut = span.start == 0 and not span.shared  # the rest of the sentence is wanted
+            later = self.hand_out_later and not self._prior_pending()
+            if (cut or later) and self._may_hand_out(piece):
+                if cut:
+                    self._share(span)
+                else:
+                    self.hand_out_later = False
+                    self._hand_out()
         if playing and self.wanted is not None:
             asked = self.wanted()
         size = self.pace.size(self.planned, self.largest, asked) if playing else self.largest
@@ -308,7 +316,8 @@ class _Lanes:
                                        span.start, span.end, self.pace.clock,
                                        exact_start=waited)
         before, started = piece.reached, self.pace.clock()
-        ahead = 0 if asked is not None else self.pace.flow_ahead(FLOW_AHEAD, piece.flow_ran)
+        ahead = (0 if asked is not None else
+                 self.pace.flow_ahead(FLOW_AHEAD, piece.flow_ran, end - reached, self.planned))
         with intra_op(span.intra if playing else 1):
             piece.step(end, ahead)
         self.pace.ran(piece.reached - before, self.pace.clock() - started)
@@ -368,6 +377,22 @@ class _Lanes:
 
     # --- what the helpers get -------------------------------------------------------------
 
+    def _may_hand_out(self, piece: Piece) -> bool:
+        """Whether the helpers may get work after this window of the playing sentence: at
+        once, unless another process keeps a core busy (``tts.sharing.crowded``); then
+        only from its second window on. Beside a busy process, the cut and handing out a
+        sentence compute priors here (nothing shares them then), and the helper's start
+        slows this lane's next window several times (``tts.pace.CROWDED``): after the
+        first window, with a tenth of a second of audio in hand, the second chunk came
+        late (bench/README.md, "Measurements behind the defaults")."""
+        return piece.steps >= 2 or not crowded()
+
+    def _handed_out(self) -> None:
+        """Work was just handed to the helpers: beside a busy process, this lane's next
+        window shares the cores with it and with them (``Pace.crowd``)."""
+        if crowded():
+            self.pace.crowd()
+
     def _share(self, span: _Span, hand_out: bool = True) -> None:
         """Once a sentence's prior is whole (at once for a short one, after the first
         window for a long one): hand what the playing lane has not decoded of it to the
@@ -393,6 +418,7 @@ class _Lanes:
                 piece = self._handed(span.sentence, span.latents, span.g, bounds[i],
                                      None if i == k - 1 else bounds[i + 1])
                 self.spans.insert(at + i - 1, piece)
+            self._handed_out()
         if hand_out:
             self._hand_out()
 
@@ -431,6 +457,7 @@ class _Lanes:
         for i in range(n if frames else 0):
             self.spans.append(self._handed(k, latents, g, bounds[i],
                                            None if i == n - 1 else bounds[i + 1]))
+        self._handed_out()
         return True
 
     def _handed(self, sentence: int, latents: Latents, g: Tensor | None, start: int,

@@ -11,6 +11,12 @@ before (the plan that holds on any machine that runs in real time at all) and at
 
 Beside other syntheses (``tts.options.Demand``), a window holds what the demand asks and is
 not made larger than the plan: a larger one would delay the others' turns unannounced.
+
+A window's pace is known only once it has run, and it changes when a helper process is
+handed work while another process keeps a core busy: the lane, the helper and the other
+process then share the cores, and the lane's next window runs several times slower than
+the one before it (``crowd``). What the buffer pays for is reckoned at that slower pace
+until a window has been measured at it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,11 @@ import time
 from collections.abc import Callable
 
 MARGIN = 0.05  # seconds of audio kept in hand when sizing a window by what is buffered
+# How many times slower than the last window the next may run after work is handed to a
+# helper beside a busy process: measured on 2 vCPUs, the playing lane's flow and generator
+# took 2.7x and 2.9x as long a frame right after the cut as in the window before it
+# (bench/README.md, "Measurements behind the defaults").
+CROWDED = 3.0
 
 
 class Pace:
@@ -33,6 +44,8 @@ class Pace:
         self.first_out: float | None = None  # when the first audio was handed out
         self.handed = 0.0  # seconds of audio handed out
         self.per_frame: float | None = None  # compute seconds per frame, last window
+        self.slowdown = 1.0  # the next window's pace against the last one's (``crowd``)
+        self.crowded = False  # work was handed to helpers beside a busy process (``crowd``)
 
     @classmethod
     def plan_only(cls) -> Pace:
@@ -50,9 +63,16 @@ class Pace:
         """Seconds of buffered audio a window may take, the margin kept."""
         return self.buffered() - self.margin
 
+    def _per_frame(self) -> float | None:
+        """Compute seconds a frame of the next window is reckoned at; None before any
+        audio is out."""
+        if self.first_out is None or self.per_frame is None:
+            return None
+        return self.per_frame * self.slowdown
+
     def affordable(self) -> int:
         """Frames the buffered audio pays for at the last window's pace; 0 before any."""
-        return _frames(self.spare(), self.per_frame if self.first_out is not None else None)
+        return _frames(self.spare(), self._per_frame())
 
     def size(self, planned: int, largest: int, asked: int | None) -> int:
         """The next window's frames: the plan, grown to what the buffer pays for while nothing
@@ -66,24 +86,45 @@ class Pace:
         audio handed out runs out (the margin spent), at the last window's pace; 0 before
         any. A sentence's last few frames are folded into the window before them rather than
         made a window of their own, which would cost a window's fixed overhead."""
-        per_frame = self.per_frame if self.first_out is not None else None
-        return max(0, _frames(self.buffered(), per_frame) - size)
+        return max(0, _frames(self.buffered(), self._per_frame()) - size)
 
-    def flow_ahead(self, cap: int, flow_ran: tuple[int, float] | None) -> int:
-        """Frames the flow may run ahead of what the next window needs: what half of the
-        buffered audio pays for at the flow's last measured pace (``flow_ran``: frames,
-        seconds), at most ``cap``. Every flow push costs a few milliseconds of fixed
+    def flow_ahead(self, cap: int, flow_ran: tuple[int, float] | None, window: int,
+                   planned: int) -> int:
+        """Frames the flow may run ahead of what the next window of ``window`` frames needs:
+        what half the buffered audio pays for at the flow's last measured pace (``flow_ran``:
+        frames, seconds), at most ``cap``. Every flow push costs a few milliseconds of fixed
         overhead, and running ahead spares pushes; but the frames computed early delay the
-        next chunk, so only as far as the audio already out covers it. Before the first
-        chunk nothing is buffered and nothing runs ahead."""
-        if flow_ran is None or flow_ran[0] <= 0 or self.first_out is None:
+        next chunk, so only as far as the audio already out covers them. Before the first
+        chunk nothing is buffered and nothing runs ahead.
+
+        Once the lane has handed work to helpers beside a busy process (``crowd``), its pace
+        swings as they start and stop, and a window grown past the plan (``planned``) to
+        what the buffer pays for leaves the flow no more than what it does not take: there,
+        the window and half the buffer's worth of flow besides made the next chunk late.
+        Elsewhere a later window's pace is over-estimated by the first one's, which carries
+        the look-ahead of both networks, and the rule would only cost flow pushes (a short
+        command 8% more at one lane)."""
+        per_frame = self._per_frame()
+        if flow_ran is None or flow_ran[0] <= 0 or per_frame is None:
             return 0
-        return max(0, min(cap, _frames(0.5 * self.spare(), flow_ran[1] / flow_ran[0])))
+        spare = self.spare()
+        left = 0.5 * spare
+        if self.crowded and window > planned:
+            left = min(left, spare - window * per_frame)
+        return max(0, min(cap, _frames(left, self.slowdown * flow_ran[1] / flow_ran[0])))
+
+    def crowd(self) -> None:
+        """Work was just handed to a helper beside a busy process: reckon the next window at
+        ``CROWDED`` times the last one's pace, until it has run and been measured; and from
+        now on, let the flow run ahead only with what a grown window leaves (``flow_ahead``)."""
+        self.slowdown = CROWDED
+        self.crowded = True
 
     def ran(self, frames: int, seconds: float) -> None:
         """A window of ``frames`` took ``seconds`` to compute."""
         if frames > 0:
             self.per_frame = seconds / frames
+            self.slowdown = 1.0
 
     def out(self, samples: int, sample_rate: int) -> None:
         """``samples`` of audio were handed out."""

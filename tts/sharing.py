@@ -28,12 +28,13 @@ attention goes through few (``tts.vits.enc_p._diagonals``).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import functools
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import cast
 
 import torch
@@ -312,23 +313,62 @@ def _sched_getcpu() -> Callable[[], int] | None:
 def core_free() -> bool:
     """Whether no thread of another process is runnable now: Linux's count of runnable
     threads (``/proc/loadavg``) less this process's own (``/proc/self/task``; the caller
-    among them, and a front's event loop that has just handed the request over). Measured
-    beside one busy process, the long sentence's first audio came 6 ms later shared than on
-    one thread; with this check it came as on one thread. Where the counts cannot be read,
-    the core is taken to be free."""
+    among them, and a front's event loop that has just handed the request over). A helper
+    process at work counts as another: it holds a core too. Measured beside one busy
+    process, the long sentence's first audio came 6 ms later shared than on one thread;
+    with this check it came as on one thread. Where the counts cannot be read, the core is
+    taken to be free."""
+    others = _runnable_elsewhere(())
+    return others is None or others <= 0
+
+
+def crowded() -> bool:
+    """Whether a thread of a process other than this herald's (this process and its helper
+    processes, ``count_as_own``) is runnable now. Then a helper handed work shares the
+    cores with it and with the lane that handed it the work, which slows that lane several
+    times (``tts.pace.CROWDED``); a helper already at work does not, and does not count.
+    False where the counts cannot be read."""
+    others = _runnable_elsewhere(_own_helpers)
+    return others is not None and others > 0
+
+
+_own_helpers: set[int] = set()
+
+
+def count_as_own(pid: int, own: bool = True) -> None:
+    """Count the helper process ``pid`` as part of this herald in ``crowded``, or (``own``
+    False, once it has ended) no longer."""
+    if own:
+        _own_helpers.add(pid)
+    else:
+        _own_helpers.discard(pid)
+
+
+def _runnable_elsewhere(besides: Collection[int]) -> int | None:
+    """Runnable threads of processes other than this one and ``besides``; None where the
+    counts cannot be read."""
     try:
         with open("/proc/loadavg", "rb") as f:
             running = int(f.read().split()[3].split(b"/")[0])
-        mine = 0
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                with open(f"/proc/self/task/{tid}/stat", "rb") as f:
-                    mine += f.read().rpartition(b")")[2].split()[0] == b"R"
-            except OSError:
-                continue  # the thread has ended
+        running -= _runnable("self")
     except (OSError, IndexError, ValueError):
-        return True
-    return running - mine <= 0
+        return None
+    for pid in besides:
+        with contextlib.suppress(OSError):
+            running -= _runnable(str(pid))
+    return running
+
+
+def _runnable(pid: str) -> int:
+    """Runnable threads of the process ``pid`` (``/proc/PID/task``)."""
+    n = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                n += f.read().rpartition(b")")[2].split()[0] == b"R"
+        except OSError:
+            continue  # the thread has ended
+    return n
 
 
 _thread: SharingThread | None = None

@@ -37,6 +37,7 @@ import numpy as np
 
 from tts import VoiceCatalog
 from tts.pieces import HelperFailed, Helping, PieceJob
+from tts.sharing import count_as_own
 from tts.vits import Vits
 
 log = logging.getLogger(__name__)
@@ -178,6 +179,7 @@ class _Helper:
                 if kind in ("failed", "skipped") or (kind == "audio" and payload[1]):
                     self.forget(job_id)
         self.alive = False
+        count_as_own(self.pid, own=False)
         for job in list(self.jobs.values()):
             job.arrived("failed", f"helper process {self.pid} ended")
         self.jobs.clear()
@@ -263,6 +265,7 @@ class HelperPool:
             ours.close()
             _helper_main(theirs, self.catalog, herald)
         theirs.close()
+        count_as_own(pid)
         return _Helper(pid, Connection(ours.detach()))
 
 
