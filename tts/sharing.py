@@ -328,7 +328,7 @@ def crowded() -> bool:
     cores with it and with the lane that handed it the work, which slows that lane several
     times (``tts.pace.CROWDED``); a helper already at work does not, and does not count.
     False where the counts cannot be read."""
-    others = _runnable_elsewhere(_own_helpers)
+    others = _runnable_elsewhere(tuple(_own_helpers))  # a helper may end meanwhile
     return others is not None and others > 0
 
 
