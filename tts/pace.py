@@ -103,7 +103,7 @@ class Pace:
         the window and half the buffer's worth of flow besides made the next chunk late.
         Elsewhere a later window's pace is over-estimated by the first one's, which carries
         the look-ahead of both networks, and the rule would only cost flow pushes (a short
-        command 8% more at one lane)."""
+        command 7-12% more at one lane)."""
         per_frame = self._per_frame()
         if flow_ran is None or flow_ran[0] <= 0 or per_frame is None:
             return 0
