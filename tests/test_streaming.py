@@ -489,6 +489,29 @@ def test_beside_a_busy_process_the_helpers_get_work_from_the_second_window_on(
             assert np.abs(got - model.decode(z, None)[0, 0].numpy()).max() < 1e-4, k
 
 
+def test_beside_a_busy_process_a_sentence_cut_before_its_first_window_begins_larger(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sentence whose prior is whole at once is cut for the helpers before its first
+    window; beside a busy process that helper shares the cores with this lane from the
+    start, so the first window is twice the plan and more audio is in hand when the
+    crowded windows come. The audio is the same."""
+    monkeypatch.setattr(sharing_module, "core_free", lambda: False)
+    model = random_model(VARIANTS["medium"])
+    torch.manual_seed(15)
+    z = torch.randn(1, model.config.inter_channels, 150)
+    firsts = []
+    for busy in (False, True):
+        monkeypatch.setattr(lanes_module, "crowded", lambda busy=busy: busy)
+        helpers = Inline(2)
+        chunks = list(decode_sentences(model, [(z, None)], helpers=helpers))
+        assert helpers.offered == 1  # cut before the first window either way
+        firsts.append(len(chunks[0][0]))
+        with torch.inference_mode():
+            got = np.concatenate([c for c, _, _ in chunks])
+            assert np.abs(got - model.decode(z, None)[0, 0].numpy()).max() < 1e-4, busy
+    assert firsts[1] - firsts[0] == 8 * model.config.hop_length, firsts  # 16 frames, not 8
+
+
 def test_a_sentence_taken_back_before_any_helper_began_it_is_cut_for_them_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A sentence handed out whole that the playing lane gets to before a helper has begun

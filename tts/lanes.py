@@ -245,9 +245,14 @@ class _Lanes:
         """The first window of a sentence the playing lane begins: small where a listener may
         be waiting for it, or where the helpers get work after it (the rest of the sentence,
         or the next one); otherwise, audio nobody plays before it is all made, the
-        largest."""
+        largest. A played sentence already cut for a helper beside a busy process
+        (``Pace.crowd``) begins with twice the plan: that helper shares the cores with this
+        lane from the start, and with a first window of the plan the short command's
+        second chunk came late in a quarter of the runs (bench/README.md, "Measurements
+        behind the defaults")."""
         if not self.whole:
-            return self.first
+            helping = span.end is not None and self.pace.crowded
+            return 2 * self.first if helping else self.first
         helped = self.helpers is not None and self.helpers.lanes >= 2
         work_after = not span.shared or (self.hand_out_later and self.more)
         return self.first if helped and work_after else self.largest
