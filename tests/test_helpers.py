@@ -28,15 +28,6 @@ PARAGRAPH = ("The kitchen lights are on. The front door is locked. It will rain 
              "Your parcel arrives tomorrow morning.")
 
 
-@pytest.fixture(autouse=True)
-def _no_busy_neighbour(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hand work to the helpers as beside no busy process, whatever else runs beside the
-    tests: when the lanes do is asserted here, and must not depend on the host's load
-    (``test_beside_a_busy_process_the_helpers_get_work_from_the_second_window_on`` sets
-    the other side)."""
-    monkeypatch.setattr(lanes_module, "crowded", lambda: False)
-
-
 def spoken(synth, text: str, helpers: HelperPool | None, seed: int = 4) -> bytes:  # type: ignore[no-untyped-def]
     return b"".join(to_pcm16(c.samples)
                     for c in synth.stream(text, SynthesisOptions(seed=seed), helpers))

@@ -38,7 +38,6 @@ def _a_free_core(monkeypatch: pytest.MonkeyPatch) -> None:
     other side). The lanes ask too, through their own name for it."""
     monkeypatch.setattr(sharing_module, "core_free", lambda: True)
     monkeypatch.setattr(lanes_module, "core_free", lambda: True)
-    monkeypatch.setattr(lanes_module, "crowded", lambda: False)
 
 
 def _phases(log: list[tuple[int, int, str]], phases: int, tasks: int,

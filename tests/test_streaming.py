@@ -111,13 +111,13 @@ class Threaded(Inline):
         self.thread.join()
 
 
-@pytest.fixture(autouse=True)
-def _no_busy_neighbour(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hand work to the helpers as beside no busy process, whatever else runs beside the
-    tests: when the lanes do is asserted here, and must not depend on the host's load
-    (``test_beside_a_busy_process_the_helpers_get_work_from_the_second_window_on`` sets
-    the other side)."""
-    monkeypatch.setattr(lanes_module, "crowded", lambda: False)
+def _each_sentence_is_one_shot(model: Vits, zs: list[torch.Tensor],
+                               chunks: list[tuple[np.ndarray, int, bool]]) -> None:
+    """The chunks of each sentence join into the one-shot audio of its prior."""
+    with torch.inference_mode():
+        for k, z in enumerate(zs):
+            got = np.concatenate([c for c, s, _ in chunks if s == k])
+            assert np.abs(got - model.decode(z, None)[0, 0].numpy()).max() < 1e-4, k
 
 
 def one_shot_audio(model: Vits, z_p: torch.Tensor, g: torch.Tensor | None = None) -> np.ndarray:
@@ -483,10 +483,7 @@ def test_beside_a_busy_process_the_helpers_get_work_from_the_second_window_on(
     assert [by for _, by in handed][:1] == [0] and len(handed) == 2, handed
     assert handed[1][1] >= 1 if free else handed[1][1] == 2, handed
     assert crowded == ([] if free else [0, 2]), crowded
-    with torch.inference_mode():
-        for k, z in enumerate(zs):
-            got = np.concatenate([c for c, s, _ in chunks if s == k])
-            assert np.abs(got - model.decode(z, None)[0, 0].numpy()).max() < 1e-4, k
+    _each_sentence_is_one_shot(model, zs, chunks)
 
 
 def test_beside_a_busy_process_a_sentence_cut_before_its_first_window_begins_larger(
@@ -542,10 +539,7 @@ def test_a_sentence_taken_back_before_any_helper_began_it_is_cut_for_them_at_onc
     # (left in its queue), then the second half of that one, taken back.
     assert helpers.offered == 3, events
     assert events.index("hand 2") < events.index("hand 3") < events.index("first window 1")
-    with torch.inference_mode():
-        for k, z in enumerate(zs):
-            got = np.concatenate([c for c, s, _ in chunks if s == k])
-            assert np.abs(got - model.decode(z, None)[0, 0].numpy()).max() < 1e-4, k
+    _each_sentence_is_one_shot(model, zs, chunks)
 
 
 def test_a_sentence_taken_back_from_the_helpers_queue_lets_the_next_be_handed_out_first(
@@ -578,10 +572,7 @@ def test_a_sentence_taken_back_from_the_helpers_queue_lets_the_next_be_handed_ou
     # when it was taken back (``test_a_sentence_taken_back_before_any_helper_began_it...``).
     assert helpers.offered == 5, events
     assert events.index("prior 2") < events.index("window 1"), events
-    with torch.inference_mode():
-        for k, z in enumerate(zs):
-            got = np.concatenate([c for c, s, _ in chunks if s == k])
-            assert np.abs(got - model.decode(z, None)[0, 0].numpy()).max() < 1e-4, k
+    _each_sentence_is_one_shot(model, zs, chunks)
 
 
 def test_a_sentence_is_known_whole_once_its_last_part_is_joined() -> None:
