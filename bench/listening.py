@@ -1,8 +1,8 @@
 """What a listener hears of audio that arrives in chunks and is played from the first one as
 it comes, in real time: when it starts, and the silence it hears whenever a chunk comes after
 the audio before it has run out. Shared by the benchmarks that count such gaps (Wyoming
-streams in ``bench.concurrency``, fleet streams in ``bench.fleet``); nothing here imports
-torch."""
+streams in ``bench.wyoming_bench``, ``bench.load`` and ``bench.concurrency``, fleet streams in
+``bench.fleet``); nothing here imports torch."""
 
 from __future__ import annotations
 

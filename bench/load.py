@@ -9,10 +9,15 @@ the end of its level):
   onnxruntime session options), both in one process, alternating run by run
   (``bench.engine``'s timing);
 * Wyoming: herald's Wyoming server on its defaults against wyoming-piper, through the same
-  client as ``bench.wyoming_bench``, one ``synthesize`` per request, servers alternating.
+  client as ``bench.wyoming_bench``, one ``synthesize`` per request, servers alternating; the
+  paragraph too, whose next sentences herald hands to its helpers while one plays.
 
 Figures are medians; first audio, total time and real-time factor for the short command and
-the long sentence. Read the ratios herald / reference of each level.
+the long sentence. Read the ratios herald / reference of each level. For Wyoming, also what a
+listener playing each stream from its first chunk would hear: in how many runs a chunk came
+after the audio before it had run out, and the longest such silence. herald streams within a
+sentence, so its chunks must keep ahead of playback on a busy machine as on an idle one;
+wyoming-piper sends a sentence's audio only once it is whole.
 
     .venv/bin/python -m bench.load [--busy 0 1 2] [--repeats 5] [--json]
 """
@@ -35,9 +40,10 @@ from typing import Any
 
 from bench.engine import COOL_DOWN, LONG, SHORT
 from bench.machine import describe
-from bench.wyoming_bench import SERVERS, request, start_servers, wait_ready
+from bench.wyoming_bench import CASES, SERVERS, Sample, request, start_servers, wait_ready
 
 TEXTS = {"short": SHORT, "long": LONG}
+WYOMING_TEXTS = {**TEXTS, "para": CASES["paragraph"]}
 BUSY_LIMIT = 900  # seconds a busy process lives at most, whatever happens to this one
 _BUSY = "import time\nend = time.time() + {limit}\nwhile time.time() < end: pass\n"
 
@@ -65,23 +71,24 @@ def _engine(repeats: int) -> dict[str, Any]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def _figures(samples: list[tuple[float, float, float]]) -> dict[str, float]:
-    """Medians of (first audio, total, audio seconds) runs."""
-    return {"first_ms": statistics.median(s[0] for s in samples) * 1000,
-            "total_ms": statistics.median(s[1] for s in samples) * 1000,
-            "rtf": statistics.median(s[1] / s[2] for s in samples)}
+def _figures(samples: list[Sample]) -> dict[str, float]:
+    """Medians of first audio, total and real-time factor; the runs with a gap, the longest."""
+    return {"first_ms": statistics.median(s.first for s in samples) * 1000,
+            "total_ms": statistics.median(s.done for s in samples) * 1000,
+            "rtf": statistics.median(s.done / s.audio_seconds for s in samples),
+            "gap_runs": sum(s.gaps > 0 for s in samples),
+            "worst_gap_ms": max(s.gaps for s in samples) * 1000}
 
 
 async def _wyoming(ports: dict[str, int], repeats: int) -> dict[str, dict[str, Any]]:
-    raw: dict[str, dict[str, list[tuple[float, float, float]]]] = {
-        name: {label: [] for label in TEXTS} for name in SERVERS}
+    raw: dict[str, dict[str, list[Sample]]] = {
+        name: {label: [] for label in WYOMING_TEXTS} for name in SERVERS}
     for rep in range(repeats):
         order = list(SERVERS) if rep % 2 == 0 else list(reversed(SERVERS))
-        for label, text in TEXTS.items():
+        for label, text in WYOMING_TEXTS.items():
             for name in order:
                 await asyncio.sleep(COOL_DOWN)
-                s = await request(ports[name], text, "synthesize")
-                raw[name][label].append((s.first, s.done, s.audio_seconds))
+                raw[name][label].append(await request(ports[name], text, "synthesize"))
     return {name: {label: _figures(runs) for label, runs in by.items()}
             for name, by in raw.items()}
 
@@ -90,7 +97,7 @@ def _ratios(h: dict[str, dict[str, float]], p: dict[str, dict[str, float]]
             ) -> dict[str, dict[str, float]]:
     return {label: {k: round(h[label][k] / p[label][k], 3) for k in ("first_ms", "total_ms",
                                                                      "rtf")}
-            for label in TEXTS}
+            for label in h}
 
 
 async def run(levels: list[int], repeats: int) -> dict[str, Any]:
@@ -101,7 +108,7 @@ async def run(levels: list[int], repeats: int) -> dict[str, Any]:
         try:
             for name in SERVERS:
                 await wait_ready(ports[name], procs)
-            for text in TEXTS.values():  # first-use costs are not what we measure
+            for text in WYOMING_TEXTS.values():  # first-use costs are not what we measure
                 for name in SERVERS:
                     await request(ports[name], text, "synthesize")
             for busy in levels:
@@ -135,7 +142,8 @@ def _figures_of(t: dict[str, float]) -> dict[str, float]:
 
 def print_table(result: dict[str, Any]) -> None:
     print(result["machine"])
-    print(f"herald vs references under load, medians of {result['repeats']}, "
+    repeats = result["repeats"]
+    print(f"herald vs references under load, medians of {repeats}, "
           f"{result['cpus']} CPUs; defaults on both sides")
     head = (f"{'busy':>4} {'path':8} {'text':6} {'figure':12} {'herald':>9} {'reference':>10} "
             f"{'ratio':>6}")
@@ -143,13 +151,18 @@ def print_table(result: dict[str, Any]) -> None:
     print("-" * len(head))
     for busy, r in result["levels"].items():
         for path, ref in (("engine", "piper-tts"), ("wyoming", "wyoming-piper")):
-            for label in TEXTS:
+            for label in r[path]["herald"]:
                 for key, name, fmt in (("first_ms", "first (ms)", ".0f"),
                                        ("total_ms", "total (ms)", ".0f"),
                                        ("rtf", "RTF", ".3f")):
                     h, p = r[path]["herald"][label][key], r[path][ref][label][key]
                     print(f"{busy:>4} {path:8} {label:6} {name:12} {h:9{fmt}} {p:10{fmt}} "
                           f"{h / p:6.2f}")
+                if path == "wyoming":
+                    h_, p_ = r[path]["herald"][label], r[path][ref][label]
+                    print(f"{busy:>4} {path:8} {label:6} {'gaps':12} "
+                          f"{h_['gap_runs']:>3}/{repeats:<2} {p_['gap_runs']:>4}/{repeats:<2}   "
+                          f"longest {h_['worst_gap_ms']:.0f} / {p_['worst_gap_ms']:.0f} ms")
         print(f"     (load average {r['load_before']:.2f} before, {r['load_after']:.2f} after)")
 
 

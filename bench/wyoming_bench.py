@@ -46,6 +46,7 @@ from wyoming.tts import (
 )
 
 from bench.engine import COOL_DOWN
+from bench.listening import played
 from bench.machine import describe
 from bench.net import free_port
 from tts import default_threads
@@ -78,6 +79,7 @@ class Sample:
     first: float
     done: float
     audio_seconds: float
+    gaps: float = 0.0  # seconds of silence a listener playing from the first chunk hears
 
 
 @dataclass
@@ -167,19 +169,18 @@ async def request(port: int, text: str, mode: str) -> Sample:
                 await client.write_event(SynthesizeChunk(text=piece).event())
             await client.write_event(Synthesize(text=text, voice=voice).event())
             await client.write_event(SynthesizeStop().event())
-        first = None
-        audio = 0.0
+        arrivals: list[tuple[float, float]] = []
         while True:
             event = await client.read_event()
             if event is None or event.type == "error":
                 raise SystemExit(f"server on port {port} failed: {event}")
             if AudioChunk.is_type(event.type):
-                if first is None:
-                    first = time.perf_counter() - t0
-                audio += AudioChunk.from_event(event).seconds
+                arrivals.append((time.perf_counter() - t0,
+                                 AudioChunk.from_event(event).seconds))
             elif event.type == last:
                 done = time.perf_counter() - t0
-                return Sample(first if first is not None else done, done, audio)
+                first, gaps = played(arrivals) if arrivals else (done, 0.0)
+                return Sample(first, done, sum(s for _, s in arrivals), gaps)
 
 
 async def run(repeats: int, threads: int | None, keep_warm: str = "auto",
