@@ -509,6 +509,38 @@ def test_beside_a_busy_process_a_sentence_cut_before_its_first_window_begins_lar
     assert firsts[1] - firsts[0] == 8 * model.config.hop_length, firsts  # 16 frames, not 8
 
 
+def test_whether_a_hand_out_is_crowded_is_read_before_it(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """Whether the helpers' work will share the cores with a busy process is read before
+    it is handed to them: read after, the helper's own thread that took it, asleep again,
+    still counted as runnable on Linux's run queue for some milliseconds, and an idle
+    machine read as crowded. Here ``crowded`` answers as that run queue would, busy once
+    work has been handed out: the pace is not crowded, and the first window is the one
+    of a machine that is idle throughout."""
+    monkeypatch.setattr(sharing_module, "core_free", lambda: False)
+    model = random_model(VARIANTS["medium"])
+    torch.manual_seed(15)
+    z = torch.randn(1, model.config.inter_channels, 150)
+    crowd = Pace.crowd
+    crowds: list[bool] = []
+
+    def counted(pace: Pace) -> None:
+        crowds.append(True)
+        crowd(pace)
+
+    monkeypatch.setattr(Pace, "crowd", counted)
+    firsts = []
+    for idle_throughout in (True, False):
+        helpers = Inline(2)
+        monkeypatch.setattr(lanes_module, "crowded",
+                            lambda h=helpers, idle=idle_throughout: not idle and h.offered > 0)
+        chunks = list(decode_sentences(model, [(z, None)], helpers=helpers))
+        assert helpers.offered == 1
+        firsts.append(len(chunks[0][0]))
+        _each_sentence_is_one_shot(model, [z], chunks)
+    assert crowds == [] and firsts[0] == firsts[1], (crowds, firsts)
+
+
 def test_a_sentence_taken_back_before_any_helper_began_it_is_cut_for_them_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A sentence handed out whole that the playing lane gets to before a helper has begun

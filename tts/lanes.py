@@ -392,10 +392,14 @@ class _Lanes:
         late (bench/README.md, "Measurements behind the defaults")."""
         return piece.steps >= 2 or not crowded()
 
-    def _handed_out(self) -> None:
-        """Work was just handed to the helpers: beside a busy process, this lane's next
-        window shares the cores with it and with them (``Pace.crowd``)."""
-        if crowded():
+    def _handed_out(self, busy: bool) -> None:
+        """Work was just handed to the helpers: beside a busy process (``busy``: read with
+        ``crowded`` before the hand-out), this lane's next window shares the cores with it
+        and with them (``Pace.crowd``). Read after it, the helper's thread that took the
+        work and went back to sleep still counted as runnable for some milliseconds (Linux
+        keeps a thread that sleeps before its fair share on the run queue a while), and a
+        fifth of the short command's hand-outs read as crowded on an idle machine."""
+        if busy:
             self.pace.crowd()
 
     def _share(self, span: _Span, hand_out: bool = True) -> None:
@@ -407,6 +411,7 @@ class _Lanes:
         span.shared = True
         if self.helpers is None or self.helpers.lanes < 2 or span.end is not None:
             return  # none to share with: decoded as if there were no helpers at all
+        busy = crowded()
         with torch.inference_mode():
             span.latents.fill(sys.maxsize)
         start, frames = (0 if span.piece is None else span.piece.reached), span.latents.frames
@@ -423,7 +428,7 @@ class _Lanes:
                 piece = self._handed(span.sentence, span.latents, span.g, bounds[i],
                                      None if i == k - 1 else bounds[i + 1])
                 self.spans.insert(at + i - 1, piece)
-            self._handed_out()
+            self._handed_out(busy)
         if hand_out:
             self._hand_out()
 
@@ -450,6 +455,7 @@ class _Lanes:
                       if s.helping is not None and not s.asked and s.helping.queued())
         if waiting >= self.helpers.lanes - 1:
             return False
+        busy = crowded()
         taken = self._take_prior()
         if taken is None:
             return False
@@ -462,7 +468,7 @@ class _Lanes:
         for i in range(n if frames else 0):
             self.spans.append(self._handed(k, latents, g, bounds[i],
                                            None if i == n - 1 else bounds[i + 1]))
-        self._handed_out()
+        self._handed_out(busy)
         return True
 
     def _handed(self, sentence: int, latents: Latents, g: Tensor | None, start: int,
