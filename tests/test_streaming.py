@@ -541,6 +541,28 @@ def test_whether_a_hand_out_is_crowded_is_read_before_it(monkeypatch: pytest.Mon
     assert crowds == [] and firsts[0] == firsts[1], (crowds, firsts)
 
 
+@pytest.mark.parametrize("busy", [False, True])
+def test_beside_a_busy_process_a_sentence_handed_out_keeps_its_head_here(
+        monkeypatch: pytest.MonkeyPatch, busy: bool) -> None:
+    """The sentence after a short one goes to the helper whole on an idle machine; beside a
+    busy process only its second half does, the first is decoded here, where it can be
+    audio as soon as the short sentence ends. The audio is the one-shot audio either way."""
+    monkeypatch.setattr(sharing_module, "core_free", lambda: False)
+    monkeypatch.setattr(lanes_module, "crowded", lambda: busy)
+    model = random_model(VARIANTS["medium"])
+    torch.manual_seed(16)
+    zs = [torch.randn(1, model.config.inter_channels, frames) for frames in (40, 200)]
+    helpers = Inline(2)
+    # windows of at most 16 frames: the next sentence is handed out during the first one
+    # (beside a busy process, from its second window on)
+    chunks = list(decode_sentences(model, [(z, None) for z in zs], largest=16,
+                                   helpers=helpers))
+    _each_sentence_is_one_shot(model, zs, chunks)
+    [job] = helpers.handed  # the short first sentence is not cut
+    frames = job.z.shape[-1] - job.start  # what it decodes: from its start to the end
+    assert frames == (100 if busy else 200), (busy, frames)
+
+
 def test_a_sentence_taken_back_before_any_helper_began_it_is_cut_for_them_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A sentence handed out whole that the playing lane gets to before a helper has begun

@@ -12,7 +12,8 @@ work is shared out:
 * beside a busy process (``tts.sharing.crowded``) both wait for the playing lane's second
   window: a helper at work then shares the cores with that process and this lane, whose
   next window runs several times slower (``tts.pace.Pace.crowd``), and the priors are
-  computed here between two chunks;
+  computed here between two chunks; and a sentence handed out keeps its head here, so
+  that a helper slowed by that process is not all that stands between two sentences;
 * a sentence the playing lane begins with nothing at the helpers (a text's first) has its
   text encoder shared with a second thread of this process (``tts.sharing``): the core
   its helper will decode on is free until the sentence's first window is out. A short
@@ -448,7 +449,15 @@ class _Lanes:
     def _hand_out(self) -> bool:
         """Hand the next sentence to the helpers, whole (in pieces if they are several),
         while fewer spans wait for them than there are helpers (so none goes idle). False
-        if none was."""
+        if none was.
+
+        Beside a busy process (``tts.sharing.crowded``) a sentence long enough to cut keeps
+        its head here, the rest going to the helpers: a helper then shares two cores with
+        that process and this lane, and a whole sentence of a few seconds handed out after
+        one of under a second ("Good morning. It is seven o'clock and ...") came after the
+        audio before it had run out in 1 to 2 of 20 paragraphs, by up to 0.2 s. Its head,
+        decoded here while the helper makes the rest, is audio as soon as the sentence
+        before it ends (bench/README.md, "Measurements behind the defaults")."""
         if self.helpers is None or not self.more:
             return False
         waiting = sum(1 for s in self.spans
@@ -463,11 +472,16 @@ class _Lanes:
         with torch.inference_mode():
             latents.fill(sys.maxsize)
         frames = latents.frames
-        n = max(1, min(self.helpers.lanes - 1, frames // MIN_PIECE))
+        # Beside a busy process a helper's whole sentence can come after the audio before it
+        # has run out; its head is kept here, to be decoded as the audio before it ends.
+        keep = busy and frames >= 2 * MIN_PIECE
+        n = (min(self.helpers.lanes, frames // MIN_PIECE) if keep
+             else max(1, min(self.helpers.lanes - 1, frames // MIN_PIECE)))
         bounds = [round(i * frames / n) for i in range(n)] + [frames]
         for i in range(n if frames else 0):
-            self.spans.append(self._handed(k, latents, g, bounds[i],
-                                           None if i == n - 1 else bounds[i + 1]))
+            end = None if i == n - 1 else bounds[i + 1]
+            self.spans.append(_Span(k, latents, g, 0, end, shared=True) if keep and i == 0
+                              else self._handed(k, latents, g, bounds[i], end))
         self._handed_out(busy)
         return True
 
