@@ -282,12 +282,14 @@ class _Lanes:
         else:
             cut = span.start == 0 and not span.shared  # the rest of the sentence is wanted
             later = self.hand_out_later and not self._prior_pending()
-            if (cut or later) and self._may_hand_out(piece):
-                if cut:
-                    self._share(span)
-                else:
-                    self.hand_out_later = False
-                    self._hand_out()
+            if cut or later:
+                busy = self._crowded()
+                if self._may_hand_out(piece, busy):
+                    if cut:
+                        self._share(span, busy)
+                    else:
+                        self.hand_out_later = False
+                        self._hand_out(busy)
         if playing and self.wanted is not None:
             asked = self.wanted()
         size = self.pace.size(self.planned, self.largest, asked) if playing else self.largest
@@ -383,36 +385,45 @@ class _Lanes:
 
     # --- what the helpers get -------------------------------------------------------------
 
-    def _may_hand_out(self, piece: Piece) -> bool:
+    def _crowded(self) -> bool:
+        """``tts.sharing.crowded`` where there are helpers to hand work to: it reads
+        ``/proc``, and without helpers nothing depends on it."""
+        return self.helpers is not None and self.helpers.lanes >= 2 and crowded()
+
+    def _may_hand_out(self, piece: Piece, busy: bool) -> bool:
         """Whether the helpers may get work after this window of the playing sentence: at
         once, unless another process keeps a core busy (``tts.sharing.crowded``); then
         only from its second window on. Beside a busy process, the cut and handing out a
         sentence compute priors here (nothing shares them then), and the helper's start
         slows this lane's next window several times (``tts.pace.CROWDED``): after the
         first window, with a tenth of a second of audio in hand, the second chunk came
-        late (bench/README.md, "Measurements behind the defaults")."""
-        return piece.steps >= 2 or not crowded()
+        late (bench/README.md, "Measurements behind the defaults"). ``busy``: ``_crowded``,
+        read before any of that work is handed out."""
+        return piece.steps >= 2 or not busy
 
     def _handed_out(self, busy: bool) -> None:
         """Work was just handed to the helpers: beside a busy process (``busy``: read with
         ``crowded`` before the hand-out), this lane's next window shares the cores with it
-        and with them (``Pace.crowd``). Read after it, the helper's thread that took the
-        work and went back to sleep still counted as runnable for some milliseconds (Linux
-        keeps a thread that sleeps before its fair share on the run queue a while), and a
-        fifth of the short command's hand-outs read as crowded on an idle machine."""
+        and with them (``Pace.crowd``). Read after a hand-out, the helper's thread that takes
+        the work and goes back to sleep still counts as runnable for some milliseconds
+        (Linux keeps a thread that sleeps before its fair share on the run queue a while):
+        an idle machine then reads as crowded after a fifth of the short command's
+        hand-outs. So one reading made before serves every hand-out that follows it."""
         if busy:
             self.pace.crowd()
 
-    def _share(self, span: _Span, hand_out: bool = True) -> None:
+    def _share(self, span: _Span, busy: bool | None = None, hand_out: bool = True) -> None:
         """Once a sentence's prior is whole (at once for a short one, after the first
         window for a long one): hand what the playing lane has not decoded of it to the
         helpers in pieces (``span`` keeps the first), and (``hand_out``) the next sentence
         while they have room. Handing out a sentence computes its prior here: before a
-        sentence's first window, that would delay its first audio."""
+        sentence's first window, that would delay its first audio. ``busy``: the caller's
+        reading of ``crowded`` (``_handed_out``), else read here."""
         span.shared = True
         if self.helpers is None or self.helpers.lanes < 2 or span.end is not None:
             return  # none to share with: decoded as if there were no helpers at all
-        busy = crowded()
+        if busy is None:
+            busy = crowded()
         with torch.inference_mode():
             span.latents.fill(sys.maxsize)
         start, frames = (0 if span.piece is None else span.piece.reached), span.latents.frames
@@ -431,7 +442,7 @@ class _Lanes:
                 self.spans.insert(at + i - 1, piece)
             self._handed_out(busy)
         if hand_out:
-            self._hand_out()
+            self._hand_out(busy)
 
     def _flowed(self, latents: Latents, g: Tensor | None) -> Latents:
         """A short sentence's prior through the flow at once, on this thread and the sharing
@@ -446,25 +457,27 @@ class _Lanes:
             z = reverse_shared(self.model.flow, latents.z, g, sharing_thread().run)
         return Latents(z[:, :, 0], flowed=True)
 
-    def _hand_out(self) -> bool:
+    def _hand_out(self, busy: bool | None = None) -> bool:
         """Hand the next sentence to the helpers, whole (in pieces if they are several),
         while fewer spans wait for them than there are helpers (so none goes idle). False
-        if none was.
+        if none was. ``busy``: the caller's reading of ``crowded`` (``_handed_out``), else
+        read here.
 
         Beside a busy process (``tts.sharing.crowded``) a sentence long enough to cut keeps
         its head here, the rest going to the helpers: a helper then shares two cores with
         that process and this lane, and a whole sentence of a few seconds handed out after
-        one of under a second ("Good morning. It is seven o'clock and ...") came after the
-        audio before it had run out in 11 of 284 paragraphs, by up to 0.2 s. Its head,
-        decoded here while the helper makes the rest, is audio as soon as the sentence
-        before it ends (bench/README.md, "Measurements behind the defaults")."""
+        one of under a second ("Good morning. It is seven o'clock and ...") can come after
+        the audio before it has run out (in 11 of 284 paragraphs measured, by up to 0.2 s).
+        Its head, decoded here while the helper makes the rest, is audio as soon as the
+        sentence before it ends (bench/README.md, "Measurements behind the defaults")."""
         if self.helpers is None or not self.more:
             return False
         waiting = sum(1 for s in self.spans
                       if s.helping is not None and not s.asked and s.helping.queued())
         if waiting >= self.helpers.lanes - 1:
             return False
-        busy = crowded()
+        if busy is None:
+            busy = crowded()
         taken = self._take_prior()
         if taken is None:
             return False
