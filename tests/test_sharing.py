@@ -92,6 +92,41 @@ def test_a_failing_task_is_raised_and_the_thread_serves_the_next_call() -> None:
         assert len(log) == 4
 
 
+def test_a_call_that_finds_no_core_free_reads_again_and_shares_what_is_left(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread of this process that has just gone to sleep (a front's event loop) can stay
+    in Linux's count of runnable threads for some milliseconds: a call whose first reading
+    finds no core free reads once more ``SETTLE`` later and shares the phases left."""
+    readings: list[bool] = []
+
+    def core_free() -> bool:
+        readings.append(bool(readings))  # the first reading finds none free, a later one does
+        return readings[-1]
+
+    monkeypatch.setattr(sharing_module, "core_free", core_free)
+    sharing = SharingThread()
+    log: list[tuple[int, int, str]] = []
+    here = threading.current_thread().name
+    # The first phase takes SETTLE on this thread alone; the meeting needs both threads.
+    sharing.run([*_phases(log, 1, 2, sharing_module.SETTLE / 2), _meeting(log)])
+    assert readings == [False, True]
+    assert [name for k, _, name in log if k == 0] == [here, here]
+    assert {name for k, _, name in log if k == -1} == {here, "herald-sharing"}
+    assert sharing.shared == 1
+
+
+def test_a_call_that_finds_no_core_free_twice_runs_on_its_own_thread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    readings: list[bool] = []
+    monkeypatch.setattr(sharing_module, "core_free", lambda: readings.append(False) or False)
+    sharing = SharingThread()
+    log: list[tuple[int, int, str]] = []
+    sharing.run(_phases(log, 4, 2, sharing_module.SETTLE / 2))
+    assert readings == [False, False]  # at the start, and once more SETTLE later
+    assert {name for _, _, name in log} == {threading.current_thread().name}
+    assert len(log) == 8 and sharing.shared == 0
+
+
 def _in_use(sharing: SharingThread) -> threading.Thread:
     """Another thread's call, running on ``sharing`` for 0.2 s from the return on."""
     started = threading.Event()
