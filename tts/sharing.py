@@ -381,13 +381,9 @@ def _runnable_elsewhere(besides: Collection[int]) -> int | None:
     """Runnable threads of processes other than this one and ``besides``; None where the
     counts cannot be read."""
     try:
-        # This process's own threads counted on both sides of Linux's count, and the fewer
-        # taken off it: one that begins to run between the readings (the interpreter's lock
-        # changing hands) would otherwise be taken off a count it is not in.
-        own = _runnable("self")
         with open("/proc/loadavg", "rb") as f:
             running = int(f.read().split()[3].split(b"/")[0])
-        running -= min(own, _runnable("self"))
+        running -= _runnable("self")
     except (OSError, IndexError, ValueError):
         return None
     for pid in besides:
