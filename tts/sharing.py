@@ -18,10 +18,11 @@ attention goes through few (``tts.vits.enc_p._diagonals``).
 * **Only while a core is free** (``core_free``). Beside a busy process the second thread
   mostly waits for a core, and sharing is a loss. A call that finds no core free reads
   once more a few milliseconds later (``SETTLE``) and shares what is left if one is free
-  then: on Linux 6.6 and later a thread that has just gone to sleep can stay on its run
-  queue, counted as runnable, until the next tick or two. A front's event loop that has
-  just handed the request over is such a thread: read only at once, 13-28% of the long
-  sentence's encoder runs handed over so found no core free and ran on one thread.
+  then: since Linux 6.12 (EEVDF's delayed dequeue) a thread that has just gone to sleep
+  can stay on its run queue, counted as runnable, until the next tick or two. A front's
+  event loop that has just handed the request over is such a thread: read only at once,
+  5-28% of the long sentence's encoder runs handed over so found no core free, measured on
+  an idle host, and ran on one thread.
 * **On two cores** (``SharingThread._apart``): for the call, the caller stays on its core
   and the second thread keeps off it. Left to Linux on a virtual machine, the two often
   took turns on one core, and sharing gained half as much.
