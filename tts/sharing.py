@@ -109,7 +109,8 @@ class SharingThread:
     def run(self, phases: Phases) -> None:
         """Run ``phases`` here and on the second thread; return when all are done. A task
         that raises ends the call with its exception, once no task runs any more. A call
-        made while another is running (another thread's) runs in order on its own thread."""
+        made while another is running (another thread's), or while no core is free, runs in
+        order on its own thread, and asks once more ``SETTLE`` later."""
         posted = self._open(phases)
         if posted is None:
             # Run here; at the first phase's end ``SETTLE`` from now, ask once more.
