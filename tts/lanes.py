@@ -127,6 +127,9 @@ class _Lanes:
         # waits for it, and where it lands (None: there was no next sentence).
         self.prior_ahead: tuple[Callable[[], None], list[_Whole | None]] | None = None
         self.sample_rate = max(1, round(model.config.hop_length / pace.frame_seconds))
+        # The last reading of ``crowded``, which the next must agree with (``_crowded``): one
+        # made now, as the text begins, for the first.
+        self.last_reading = self._read_crowded()
 
     # --- the playing lane -----------------------------------------------------------------
 
@@ -386,6 +389,21 @@ class _Lanes:
     # --- what the helpers get -------------------------------------------------------------
 
     def _crowded(self) -> bool:
+        """Whether this reading of ``tts.sharing.crowded`` and the one before it for this
+        text (at its start, or at the decision before) both say crowded. A busy process is
+        runnable all the time, and both do. A thread of this herald that has just gone to
+        sleep can be counted as runnable for a tick or two (``tts.sharing``), and in a
+        daemon the front's event loop and the MQTT client's thread sleep after every
+        chunk: one reading alone said crowded in 45 of about 500 and 77 of about 300 on an
+        idle host, and the paragraph took 1.14-1.34x wyoming-piper's time through Wyoming,
+        against 1.05-1.11x with no reading ever crowded (bench/README.md, "Measurements
+        behind the defaults"). A busy process that starts while a text is being made is
+        then seen a reading later."""
+        now = self._read_crowded()
+        agreed, self.last_reading = now and self.last_reading, now
+        return agreed
+
+    def _read_crowded(self) -> bool:
         """``tts.sharing.crowded`` where there are helpers to hand work to: it reads
         ``/proc``, and without helpers nothing depends on it."""
         return self.helpers is not None and self.helpers.lanes >= 2 and crowded()
@@ -423,7 +441,7 @@ class _Lanes:
         if self.helpers is None or self.helpers.lanes < 2 or span.end is not None:
             return  # none to share with: decoded as if there were no helpers at all
         if busy is None:
-            busy = crowded()
+            busy = self._crowded()
         with torch.inference_mode():
             span.latents.fill(sys.maxsize)
         start, frames = (0 if span.piece is None else span.piece.reached), span.latents.frames
@@ -477,7 +495,7 @@ class _Lanes:
         if waiting >= self.helpers.lanes - 1:
             return False
         if busy is None:
-            busy = crowded()
+            busy = self._crowded()
         taken = self._take_prior()
         if taken is None:
             return False
