@@ -563,6 +563,22 @@ def test_beside_a_busy_process_a_sentence_handed_out_keeps_its_head_here(
     assert frames == (100 if busy else 200), (busy, frames)
 
 
+def test_a_crowded_reading_counts_only_when_the_one_before_it_agrees(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a daemon, the front's threads that have just slept are counted as runnable for a
+    tick or two, so one reading in several says crowded on an idle machine: a reading counts
+    only when the one before it for the text (the first made as the text begins) agrees. A
+    busy process, runnable all the time, makes every reading agree."""
+    answers = iter([True, False, True, False, True, True, True, False])
+    monkeypatch.setattr(lanes_module, "crowded", lambda: next(answers))
+    model = random_model(VARIANTS["medium"])
+    lanes = lanes_module._Lanes(model, [], 1.0, 8, 96, Pace(0.01), None, Inline(2), False)
+    got = [lanes._crowded() for _ in range(7)]  # the text's start took the first answer
+    assert got == [False, False, False, False, True, True, False], got
+    alone = lanes_module._Lanes(model, [], 1.0, 8, 96, Pace(0.01), None, None, False)
+    assert not alone._crowded()  # no helpers: nothing is read, nothing is crowded
+
+
 def test_a_sentence_taken_back_before_any_helper_began_it_is_cut_for_them_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A sentence handed out whole that the playing lane gets to before a helper has begun
