@@ -515,8 +515,8 @@ def test_whether_a_hand_out_is_crowded_is_read_before_it(monkeypatch: pytest.Mon
     it is handed to them: read after, the helper's own thread that took it, asleep again,
     still counted as runnable on Linux's run queue for some milliseconds, and an idle
     machine read as crowded. Here ``crowded`` answers as that run queue would, busy once
-    work has been handed out: the pace is not crowded, and the first window is the one
-    of a machine that is idle throughout."""
+    work has been handed out: the reading that decides the cut is made before it, the pace
+    is not crowded, and the first window is the one of a machine that is idle throughout."""
     monkeypatch.setattr(sharing_module, "core_free", lambda: False)
     model = random_model(VARIANTS["medium"])
     torch.manual_seed(15)
@@ -532,10 +532,17 @@ def test_whether_a_hand_out_is_crowded_is_read_before_it(monkeypatch: pytest.Mon
     firsts = []
     for idle_throughout in (True, False):
         helpers = Inline(2)
-        monkeypatch.setattr(lanes_module, "crowded",
-                            lambda h=helpers, idle=idle_throughout: not idle and h.offered > 0)
+        offered_at: list[int] = []  # work handed out when each reading was made
+
+        def reading(h: Inline = helpers, idle: bool = idle_throughout,
+                    at: list[int] = offered_at) -> bool:
+            at.append(h.offered)
+            return not idle and h.offered > 0
+
+        monkeypatch.setattr(lanes_module, "crowded", reading)
         chunks = list(decode_sentences(model, [(z, None)], helpers=helpers))
         assert helpers.offered == 1
+        assert offered_at[:2] == [0, 0], offered_at  # the text's start, the cut's decision
         firsts.append(len(chunks[0][0]))
         _each_sentence_is_one_shot(model, [z], chunks)
     assert crowds == [] and firsts[0] == firsts[1], (crowds, firsts)

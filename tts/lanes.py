@@ -395,7 +395,7 @@ class _Lanes:
         sleep can be counted as runnable for a tick or two (``tts.sharing``), and in a
         daemon the front's event loop and the MQTT client's thread sleep after every
         chunk: one reading alone said crowded in 45 of about 500 and 77 of about 300 on an
-        idle host, and the paragraph took 1.14-1.34x wyoming-piper's time through Wyoming,
+        idle host, and the paragraph took 1.12-1.34x wyoming-piper's time through Wyoming,
         against 1.05-1.11x with no reading ever crowded (bench/README.md, "Measurements
         behind the defaults"). A busy process that starts while a text is being made is
         then seen a reading later."""

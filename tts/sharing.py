@@ -140,7 +140,7 @@ class SharingThread:
         (``_apart``: the caller's affinity to restore is returned with the run); None while
         another call has the thread or no core is free."""
         with self._changed:
-            if not core_free() or not self._take():
+            if not self._take():
                 return None
             run = _Run(phases)
             mask = self._apart()
@@ -155,7 +155,7 @@ class SharingThread:
         caller's core: the caller's own affinity is never changed, as nothing guarantees
         that the wait is ever called (a synthesis abandoned after its first window)."""
         with self._changed:
-            run = _Run([[task]], background=True) if core_free() and self._take() else None
+            run = _Run([[task]], background=True) if self._take() else None
             if run is not None:
                 self._second_apart()
                 self._post(run)
@@ -183,8 +183,8 @@ class SharingThread:
 
     def _take(self) -> bool:
         """Under the lock: take the second thread for a call (started if need be); False
-        while another call has it."""
-        if self._in_use:
+        while another call has it or no core is free."""
+        if self._in_use or not core_free():
             return False
         self._in_use = True
         self._start()
