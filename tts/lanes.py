@@ -9,7 +9,7 @@ work is shared out:
 * the sentences after it go to them too, whole, while they have room: their priors (the
   text encoder, the durations and the sampling, which draw the sampling noise in order) are
   computed here, their audio there;
-* beside a busy process (``tts.sharing.crowded``) both wait for the playing lane's second
+* beside a busy process (``tts.neighbours.crowded``) both wait for the playing lane's second
   window: a helper at work then shares the cores with that process and this lane, whose
   next window runs several times slower (``tts.pace.Pace.crowd``), and the priors are
   computed here between two chunks; and a sentence handed out keeps its head here, so
@@ -47,9 +47,10 @@ from torch import Tensor
 from .flow_shared import reverse_shared
 from .generator_stream import FRAMES_QUANTUM
 from .incremental import rounded
+from .neighbours import core_free, crowded
 from .pace import Pace, next_end
 from .pieces import HelperFailed, Helpers, Helping, Latents, Piece, PieceJob
-from .sharing import core_free, crowded, sharing_thread
+from .sharing import sharing_thread
 from .threads import intra_op, intra_op_available
 from .vits import Vits
 from .vits.model import PriorParts
@@ -127,9 +128,6 @@ class _Lanes:
         # waits for it, and where it lands (None: there was no next sentence).
         self.prior_ahead: tuple[Callable[[], None], list[_Whole | None]] | None = None
         self.sample_rate = max(1, round(model.config.hop_length / pace.frame_seconds))
-        # The last reading of ``crowded``, which the next must agree with (``_crowded``): one
-        # made now, as the text begins, for the first.
-        self.last_reading = self._read_crowded()
 
     # --- the playing lane -----------------------------------------------------------------
 
@@ -389,28 +387,13 @@ class _Lanes:
     # --- what the helpers get -------------------------------------------------------------
 
     def _crowded(self) -> bool:
-        """Whether this reading of ``tts.sharing.crowded`` and the one before it for this
-        text (at its start, or at the decision before) both say crowded. A busy process is
-        runnable all the time, and both do. A thread of this herald that has just gone to
-        sleep can be counted as runnable for a tick or two (``tts.sharing``), and in a
-        daemon the front's event loop and the MQTT client's thread sleep after every
-        chunk: one reading alone said crowded in 45 of about 500 and 77 of about 300 on an
-        idle host, and the paragraph took 1.12-1.34x wyoming-piper's time through Wyoming,
-        against 1.05-1.11x with no reading ever crowded (bench/README.md, "Measurements
-        behind the defaults"). A busy process that starts while a text is being made is
-        then seen a reading later."""
-        now = self._read_crowded()
-        agreed, self.last_reading = now and self.last_reading, now
-        return agreed
-
-    def _read_crowded(self) -> bool:
-        """``tts.sharing.crowded`` where there are helpers to hand work to: it reads
+        """``tts.neighbours.crowded`` where there are helpers to hand work to: it reads
         ``/proc``, and without helpers nothing depends on it."""
         return self.helpers is not None and self.helpers.lanes >= 2 and crowded()
 
     def _may_hand_out(self, piece: Piece, busy: bool) -> bool:
         """Whether the helpers may get work after this window of the playing sentence: at
-        once, unless another process keeps a core busy (``tts.sharing.crowded``); then
+        once, unless another process keeps a core busy (``tts.neighbours.crowded``); then
         only from its second window on. Beside a busy process, the cut and handing out a
         sentence compute priors here (nothing shares them then), and the helper's start
         slows this lane's next window several times (``tts.pace.CROWDED``): after the
@@ -481,7 +464,7 @@ class _Lanes:
         if none was. ``busy``: the caller's reading of ``crowded`` (``_handed_out``), else
         read here.
 
-        Beside a busy process (``tts.sharing.crowded``) a sentence long enough to cut keeps
+        Beside a busy process (``tts.neighbours.crowded``) a sentence long enough to cut keeps
         its head here, the rest going to the helpers: a helper then shares two cores with
         that process and this lane, and a whole sentence of a few seconds handed out after
         one of under a second ("Good morning. It is seven o'clock and ...") can come after

@@ -15,14 +15,8 @@ attention goes through few (``tts.vits.enc_p._diagonals``).
   that is slow to wake or was descheduled delays only a task it has already begun; the
   calling thread does the rest itself. With a fixed half each, every phase would wait for
   it, as intra-op threads do at their barriers (``tts.threads``).
-* **Only while a core is free** (``core_free``). Beside a busy process the second thread
-  mostly waits for a core, and sharing is a loss. A call that finds no core free reads
-  once more a few milliseconds later (``SETTLE``) and shares what is left if one is free
-  then: since Linux 6.12 (EEVDF's delayed dequeue) a thread that has just gone to sleep
-  can stay on its run queue, counted as runnable, until the next tick or two. A front's
-  event loop that has just handed the request over is such a thread: read only at once,
-  5-28% of the long sentence's encoder runs handed over so found no core free, measured on
-  an idle host, and ran on one thread.
+* **Only while a core is free** (``tts.neighbours.core_free``). Beside a busy process the
+  second thread mostly waits for a core, and sharing is a loss.
 * **On two cores** (``SharingThread._apart``): for the call, the caller stays on its core
   and the second thread keeps off it. Left to Linux on a virtual machine, the two often
   took turns on one core, and sharing gained half as much.
@@ -34,25 +28,20 @@ attention goes through few (``tts.vits.enc_p._diagonals``).
 from __future__ import annotations
 
 import atexit
-import contextlib
 import ctypes
 import functools
 import os
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import torch
 
+from .neighbours import core_free
 from .threads import prepare_thread
 
 SPIN = 0.002  # seconds a thread polls for the other's tasks of a phase before it sleeps
-# Seconds after a reading that found no core free when ``SharingThread.run`` reads once more
-# (at the end of a phase), and shares the phases left if one is free then: a thread of this
-# process that had just gone to sleep was still counted as runnable (``core_free``) for 3.8
-# ms at the median and 5.2 at the 90th percentile (Linux 6.18, 250 ticks a second).
-SETTLE = 0.006
 EXIT_WAIT = 5.0  # seconds the interpreter's exit waits for a task the second thread runs
 
 Task = Callable[[], None]
@@ -110,21 +99,11 @@ class SharingThread:
         """Run ``phases`` here and on the second thread; return when all are done. A task
         that raises ends the call with its exception, once no task runs any more. A call
         made while another is running (another thread's), or while no core is free, runs in
-        order on its own thread, and asks once more ``SETTLE`` later."""
+        order on its own thread."""
         posted = self._open(phases)
         if posted is None:
-            # Run here; at the first phase's end ``SETTLE`` from now, ask once more.
-            settle = time.perf_counter() + SETTLE
-            for k, phase in enumerate(phases):
-                if time.perf_counter() >= settle:
-                    settle = float("inf")
-                    posted = self._open(phases[k:])
-                    if posted is not None:
-                        break
-                for task in phase:
-                    task()
-            else:
-                return
+            in_order(phases)
+            return
         run, mask = posted
         try:
             self._work(run, front=True)
@@ -339,71 +318,6 @@ def _sched_getcpu() -> Callable[[], int] | None:
         return None
     getcpu.restype = ctypes.c_int
     return cast(Callable[[], int], getcpu)
-
-
-def core_free() -> bool:
-    """Whether no thread of another process is runnable now: Linux's count of runnable
-    threads (``/proc/loadavg``) less this process's own that are running or ready to
-    (``/proc/self/task``, the caller among them). A helper process at work counts as
-    another: it holds a core too. Measured beside one busy process, the long sentence's
-    first audio came 6 ms later shared than on one thread; with this check it came as on
-    one thread. Where the counts cannot be read, the core is taken to be free.
-
-    A thread of this process that has just gone to sleep (a front's event loop that has
-    handed a request over) can stay in Linux's count for some milliseconds while its own
-    state says it sleeps: such a reading finds no core free when one is, which is why
-    ``SharingThread.run`` reads again a little later (``SETTLE``)."""
-    others = _runnable_elsewhere(())
-    return others is None or others <= 0
-
-
-def crowded() -> bool:
-    """Whether a thread of a process other than this herald's (this process and its helper
-    processes, ``count_as_own``) is runnable now. Then a helper handed work shares the
-    cores with it and with the lane that handed it the work, which slows that lane several
-    times (``tts.pace.CROWDED``); a helper already at work does not, and does not count.
-    False where the counts cannot be read."""
-    others = _runnable_elsewhere(tuple(_own_helpers))  # a helper may end meanwhile
-    return others is not None and others > 0
-
-
-_own_helpers: set[int] = set()
-
-
-def count_as_own(pid: int, own: bool = True) -> None:
-    """Count the helper process ``pid`` as part of this herald in ``crowded``, or (``own``
-    False, once it has ended) no longer."""
-    if own:
-        _own_helpers.add(pid)
-    else:
-        _own_helpers.discard(pid)
-
-
-def _runnable_elsewhere(besides: Collection[int]) -> int | None:
-    """Runnable threads of processes other than this one and ``besides``; None where the
-    counts cannot be read."""
-    try:
-        with open("/proc/loadavg", "rb") as f:
-            running = int(f.read().split()[3].split(b"/")[0])
-        running -= _runnable("self")
-    except (OSError, IndexError, ValueError):
-        return None
-    for pid in besides:
-        with contextlib.suppress(OSError):
-            running -= _runnable(str(pid))
-    return running
-
-
-def _runnable(pid: str) -> int:
-    """Runnable threads of the process ``pid`` (``/proc/PID/task``)."""
-    n = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-                n += f.read().rpartition(b")")[2].split()[0] == b"R"
-        except OSError:
-            continue  # the thread has ended
-    return n
 
 
 _thread: SharingThread | None = None

@@ -8,7 +8,7 @@ one-thread one beside a single busy process (bench/README.md). A synthesis uses 
 cutting its sentences into pieces that decode at the same time in helper processes
 (``tts.pieces``, ``daemon.synthesis.helpers``), which never wait for one another mid-window.
 Two places use more than one core within a process, both only while the other cores are
-free (``tts.sharing.core_free``): a sentence's text encoder, in a few large blocks before
+free (``tts.neighbours.core_free``): a sentence's text encoder, in a few large blocks before
 its first audio, shared with a second thread (``tts.sharing``); and a short sentence that
 nobody plays before it is all made, computed in one window with intra-op threads
 (``intra_op``, ``tts.lanes``), where cutting it for a helper would compute its context twice.

@@ -36,8 +36,8 @@ from typing import Any, NoReturn
 import numpy as np
 
 from tts import VoiceCatalog
+from tts.neighbours import count_as_own
 from tts.pieces import HelperFailed, Helping, PieceJob
-from tts.sharing import count_as_own
 from tts.vits import Vits
 
 log = logging.getLogger(__name__)
