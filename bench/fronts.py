@@ -214,6 +214,7 @@ def run(repeats: int, threads: int) -> dict[str, Any]:
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     daemon = None
     listener = None
+    log = (work / "herald.log").open("wb")
     try:
         wait_port(ports["mqtt"], 15.0)
         daemon = subprocess.Popen(
@@ -222,12 +223,14 @@ def run(repeats: int, threads: int) -> dict[str, Any]:
              "--set", f"voices.threads={threads}",
              "--set", f"wyoming.uri=tcp://127.0.0.1:{ports['wyoming']}",
              "--set", f"http.port={ports['http']}", "--set", "mqtt.discovery.enabled=false"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            # Its log goes to a file: a pipe nobody reads fills after some hundred requests'
+            # latency lines, and the daemon then blocks on its next one.
+            env=env, stdout=subprocess.DEVNULL, stderr=log)
         listener = Listener(ports["mqtt"], "herald/bench")
         listener.wait(lambda: listener is not None and listener.online
                       or daemon is not None and daemon.poll() is not None)
         if daemon.poll() is not None:
-            raise SystemExit(f"herald run failed: {daemon.stderr.read() if daemon.stderr else ''}")
+            raise SystemExit(f"herald run failed: {(work / 'herald.log').read_text()}")
         wait_port(ports["wyoming"], 60.0)
         wait_port(ports["http"], 60.0)
         texts = asyncio.run(_measure(repeats, threads, ports, listener))
@@ -239,6 +242,7 @@ def run(repeats: int, threads: int) -> dict[str, Any]:
             if p and p.poll() is None:
                 p.terminate()
                 p.wait(10)
+        log.close()
         shutil.rmtree(work, ignore_errors=True)
 
 
