@@ -9,10 +9,10 @@ pool's threads by its size while it holds every other thread count exact.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
+
+from tts.threads import name_native
 
 SIZES: dict[str, int] = {
     # asyncio's default executor (``asyncio.to_thread``): what would block the event loop
@@ -28,22 +28,8 @@ SIZES: dict[str, int] = {
 }
 """Threads each pool may start; a name is at most 15 bytes, all the OS keeps."""
 
-_PR_SET_NAME = 15  # prctl's option that names the calling thread (linux/prctl.h)
-
 
 def pool(name: str) -> ThreadPoolExecutor:
     """A new pool of ``SIZES[name]`` threads, each named ``name`` for the OS."""
     return ThreadPoolExecutor(SIZES[name], thread_name_prefix=name, initializer=name_native,
                               initargs=(name,))
-
-
-def name_native(name: str | None = None) -> None:
-    """Show the calling thread's name (``name``, else its Python name) to the OS, as its
-    first 15 bytes. Python 3.11 keeps a thread's name to itself, so without this every
-    thread reads as the process. Nothing happens where there is no ``prctl`` (not Linux)."""
-    label = (name or threading.current_thread().name).encode(errors="replace")[:15]
-    try:
-        prctl = ctypes.CDLL(None).prctl
-    except (OSError, AttributeError):
-        return
-    prctl(_PR_SET_NAME, ctypes.c_char_p(label), 0, 0, 0)

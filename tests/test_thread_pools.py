@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.thread_pools import SIZES, name_native, pool
+from daemon.thread_pools import SIZES, pool
+from tts.threads import name_native
 
 
 def _os_name() -> str:

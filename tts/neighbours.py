@@ -35,6 +35,8 @@ import threading
 import time
 from collections import deque
 
+from .threads import name_native
+
 RECENT = 0.1  # the shortest window, in seconds, over which other processes' CPU is judged
 OTHERS_BUSY = 0.3  # cores other processes must have kept busy over it to count as runnable
 SAMPLE_EVERY = 0.5  # seconds between the sampling thread's samples
@@ -159,6 +161,7 @@ class _Samples:
                          daemon=True).start()
 
     def _sample_every(self, pid: int) -> None:
+        name_native()
         while self.pid == pid:
             time.sleep(SAMPLE_EVERY)
             sample = _sample()

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from tts.options import Demand
+from tts.threads import name_native
 
-from ..thread_pools import name_native
 from .deadlines import Due, admitted, least_audio, pick
 
 log = logging.getLogger(__name__)
