@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from tts.threads import name_native
+from tts.native_names import name_native
 
 SIZES: dict[str, int] = {
     # asyncio's default executor (``asyncio.to_thread``): what would block the event loop

@@ -145,3 +145,13 @@ def test_a_forked_child_has_its_own_samples() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_reading_the_load_and_naming_threads_load_no_torch() -> None:
+    """A fleet satellite's thread pools name their threads with what the sampling thread
+    uses, and a satellite loads no model: neither may bring in torch."""
+    code = ("import sys\nimport daemon.thread_pools\nimport tts.neighbours as n\n"
+            "n.crowded()\nsys.exit('torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr or "torch was imported"

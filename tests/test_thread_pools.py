@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from daemon.thread_pools import SIZES, pool
-from tts.threads import name_native
+from tts.native_names import name_native
 
 
 def _os_name() -> str:

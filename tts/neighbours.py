@@ -35,7 +35,7 @@ import threading
 import time
 from collections import deque
 
-from .threads import name_native
+from .native_names import name_native
 
 RECENT = 0.1  # the shortest window, in seconds, over which other processes' CPU is judged
 OTHERS_BUSY = 0.3  # cores other processes must have kept busy over it to count as runnable

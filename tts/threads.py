@@ -25,28 +25,12 @@ import contextlib
 import ctypes
 import functools
 import os
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 
 from .memory import bound_kernel_cache, pin_allocator_thresholds, release_startup_code
-
-_PR_SET_NAME = 15  # prctl's option that names the calling thread (linux/prctl.h)
-
-
-def name_native(name: str | None = None) -> None:
-    """Show the calling thread's name (``name``, else its Python name) to the OS, as its
-    first 15 bytes, where ``top -H`` and ``ps -L`` read it. Python 3.11 keeps a thread's
-    name to itself, so without this every thread reads as the one that started it. Nothing
-    happens where there is no ``prctl`` (not Linux)."""
-    label = (name or threading.current_thread().name).encode(errors="replace")[:15]
-    try:
-        prctl = ctypes.CDLL(None).prctl
-    except (OSError, AttributeError):
-        return
-    prctl(_PR_SET_NAME, ctypes.c_char_p(label), 0, 0, 0)
 
 
 def cores() -> int:

@@ -34,8 +34,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from tts.native_names import name_native
 from tts.options import Demand
-from tts.threads import name_native
 
 from .deadlines import Due, admitted, least_audio, pick
 
