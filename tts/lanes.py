@@ -405,11 +405,11 @@ class _Lanes:
     def _handed_out(self, busy: bool) -> None:
         """Work was just handed to the helpers: beside a busy process (``busy``: read with
         ``crowded`` before the hand-out), this lane's next window shares the cores with it
-        and with them (``Pace.crowd``). Read after a hand-out, the helper's thread that takes
-        the work and goes back to sleep still counts as runnable for some milliseconds
-        (Linux keeps a thread that sleeps before its fair share on the run queue a while):
-        an idle machine then reads as crowded after a fifth of the short command's
-        hand-outs. So one reading made before serves every hand-out that follows it."""
+        and with them (``Pace.crowd``). One reading, made before the first of the hand-outs
+        that follow it, serves them all: the question is whether another process competes
+        for the cores the work will run on, and a reading right after a hand-out would
+        find the helper's thread that took it just gone back to sleep, which Linux may
+        count as runnable a while (``tts.neighbours``)."""
         if busy:
             self.pace.crowd()
 
