@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench.machine import describe
+from tts.neighbours import cpu_seconds  # torch-free
 
 if TYPE_CHECKING:  # tts imports torch: the piper-tts RSS process must not (see _peak_rss)
     from tts.memory import KeepWarm
@@ -58,20 +59,7 @@ Timed = Callable[[str], Run]
 
 def _cpu_of(pids: Callable[[], list[int]]) -> Callable[[], float]:
     """CPU seconds this process and the processes ``pids`` gives have used so far."""
-    tick = os.sysconf("SC_CLK_TCK")
-
-    def used() -> float:
-        total = time.process_time()
-        for pid in pids():
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-            except (OSError, IndexError, ValueError):
-                pass
-        return total
-
-    return used
+    return lambda: cpu_seconds(pids())
 
 
 def _timed(chunks: Callable[[str], Iterable[np.ndarray]], rate: int,

@@ -7,30 +7,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from busy_process import busy_process
+from waiting import until_now
 
 import tts.neighbours as neighbours
-
-
-def _busy() -> subprocess.Popen[str]:
-    busy = subprocess.Popen([sys.executable, "-c", "print('busy', flush=True)\nwhile True: pass"],
-                            stdout=subprocess.PIPE, text=True)
-    assert busy.stdout is not None and busy.stdout.readline() == "busy\n"
-    return busy
-
-
-def _until(predicate: object, timeout: float = 30.0) -> bool:
-    """Poll ``predicate`` until it holds: how soon depends on the host, whether it does not."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.fixture
@@ -48,14 +32,11 @@ def test_a_busy_process_is_seen_and_then_neither_core_is_free() -> None:
     """Beside a process that keeps a core busy, a helper handed work would share the cores
     with it and with the lane (``crowded``), and a second thread would wait for a core
     (``core_free``). It is runnable, and it keeps using CPU time, so both parts say so."""
-    busy = _busy()
-    try:
-        assert _until(lambda: neighbours.crowded() and not neighbours.core_free()
-                      and (neighbours._samples.others_cores() or 0.0) >= neighbours.OTHERS_BUSY)
+    with busy_process() as busy:
+        until_now(lambda: neighbours.crowded() and not neighbours.core_free()
+                  and (neighbours._samples.others_cores() or 0.0) >= neighbours.OTHERS_BUSY,
+                  "the busy process to be seen")
         assert neighbours._runnable(str(busy.pid)) == 1  # runnable, if not running
-    finally:
-        busy.kill()
-        busy.wait()
 
 
 def test_a_helper_of_this_herald_is_not_another_process_but_holds_a_core() -> None:
@@ -63,18 +44,16 @@ def test_a_helper_of_this_herald_is_not_another_process_but_holds_a_core() -> No
     count of others (``count_as_own``), but a second thread would still share a core with
     it, so no core is free. Counting it, or no longer, drops the samples taken before: its
     CPU time moves from one side of the sum to the other."""
-    busy = _busy()
-    try:
+    with busy_process() as busy:
         neighbours.count_as_own(busy.pid)
-        assert busy.pid in neighbours._own_helpers and not neighbours._samples.taken
-        assert neighbours._runnable_counts() is not None
-        assert _until(lambda: not neighbours.core_free())
-        counts = neighbours._runnable_counts()
-        assert counts is not None and counts[0] == 1
-    finally:
-        neighbours.count_as_own(busy.pid, own=False)
-        busy.kill()
-        busy.wait()
+        try:
+            assert busy.pid in neighbours._own_helpers and not neighbours._samples.taken
+            assert neighbours._runnable_counts() is not None
+            until_now(lambda: not neighbours.core_free(), "the helper to hold its core")
+            counts = neighbours._runnable_counts()
+            assert counts is not None and counts[0] == 1
+        finally:
+            neighbours.count_as_own(busy.pid, own=False)
     assert busy.pid not in neighbours._own_helpers and not neighbours._samples.taken
 
 
@@ -120,7 +99,7 @@ def test_a_thread_keeps_a_recent_sample_while_nothing_reads() -> None:
     takes a sample every ``SAMPLE_EVERY`` from the first reading on."""
     neighbours.crowded()
     first = neighbours._samples.taken[-1][0]
-    assert _until(lambda: neighbours._samples.taken[-1][0] > first)
+    until_now(lambda: neighbours._samples.taken[-1][0] > first, "the thread's next sample")
     [sampler] = [t for t in threading.enumerate() if t.name == "herald-load"]
     comm = Path(f"/proc/self/task/{sampler.native_id}/comm")
     assert comm.read_text().strip() == "herald-load"  # as ``top -H`` shows it

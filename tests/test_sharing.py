@@ -9,8 +9,6 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,9 +17,11 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
+from busy_process import busy_process
 from fresh_python import run_python
 from inline_helpers import Inline
 from sentences import LONG_SENTENCE
+from waiting import until_now
 
 import tts.lanes as lanes_module
 import tts.sharing as sharing_module
@@ -356,22 +356,14 @@ def test_a_busy_machine_shares_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """A process that keeps a core busy is runnable all the time and, once it has used CPU
     time for a while, no core is free beside it, however idle the rest of the machine is."""
     monkeypatch.undo()
-    busy = subprocess.Popen([sys.executable, "-c", "print('busy', flush=True)\nwhile True: pass"],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert busy.stdout is not None and busy.stdout.readline() == "busy\n"
-        deadline = time.monotonic() + 30  # until it has used CPU time (``tts.neighbours``)
-        while sharing_module.core_free() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not sharing_module.core_free()
+    with busy_process():
+        # until it has used CPU time (``tts.neighbours``)
+        until_now(lambda: not sharing_module.core_free(), "no core free beside it")
         sharing = SharingThread()
         log: list[tuple[int, int, str]] = []
         sharing.run(_phases(log, 3, 2, 0.01))
         assert {name for _, _, name in log} == {threading.current_thread().name}
         assert sharing.shared == 0
-    finally:
-        busy.kill()
-        busy.wait()
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to keep apart")

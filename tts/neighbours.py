@@ -34,6 +34,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 
 from .native_names import name_native
 
@@ -185,15 +186,22 @@ def _sample() -> tuple[float, float, float] | None:
         return None
     user, nice, system, _idle, _iowait, irq, softirq = fields
     machine = (user + nice + system + irq + softirq) / _TICK
-    herald = time.process_time()
-    for pid in tuple(_own_helpers):
+    return when, machine, cpu_seconds(tuple(_own_helpers))
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """CPU seconds this process and the processes ``pids`` have used so far: this one's to
+    the nanosecond, the others' in clock ticks (``/proc/PID/stat``); one that has ended
+    adds nothing."""
+    total = time.process_time()
+    for pid in pids:
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
                 stat = f.read().rpartition(b")")[2].split()
-            herald += (int(stat[11]) + int(stat[12])) / _TICK
+            total += (int(stat[11]) + int(stat[12])) / _TICK  # utime, stime
         except (OSError, IndexError, ValueError):
-            continue  # the helper has ended: ``count_as_own`` drops the samples
-    return when, machine, herald
+            continue
+    return total
 
 
 def _after_fork() -> None:
