@@ -8,7 +8,8 @@ work is shared out:
   and all but the first go to the helpers;
 * the sentences after it go to them too, whole, while they have room: their priors (the
   text encoder, the durations and the sampling, which draw the sampling noise in order) are
-  computed here, their audio there;
+  computed here, their audio there; but the text's last sentence keeps a head here, so
+  that the lanes end together rather than this one waiting for the helpers;
 * beside a busy process (``tts.neighbours.crowded``) both wait for the playing lane's second
   window: a helper at work then shares the cores with that process and this lane, whose
   next window runs several times slower (``tts.pace.Pace.crowd``), and the priors are
@@ -489,15 +490,53 @@ class _Lanes:
         # Beside a busy process a helper's whole sentence can come after the audio before it
         # has run out; its head is kept here, to be decoded as the audio before it ends.
         keep = busy and frames >= 2 * MIN_PIECE
-        n = (min(self.helpers.lanes, frames // MIN_PIECE) if keep
-             else max(1, min(self.helpers.lanes - 1, frames // MIN_PIECE)))
-        bounds = [round(i * frames / n) for i in range(n)] + [frames]
+        head = 0 if keep else self._head_of_last(frames)
+        if head:
+            keep = True
+            n = 1 + max(1, min(self.helpers.lanes - 1, (frames - head) // MIN_PIECE))
+            bounds = [0] + [head + round(i * (frames - head) / (n - 1)) for i in range(n - 1)]
+            bounds.append(frames)
+        else:
+            n = (min(self.helpers.lanes, frames // MIN_PIECE) if keep
+                 else max(1, min(self.helpers.lanes - 1, frames // MIN_PIECE)))
+            bounds = [round(i * frames / n) for i in range(n)] + [frames]
         for i in range(n if frames else 0):
             end = None if i == n - 1 else bounds[i + 1]
             self.spans.append(_Span(k, latents, g, 0, end, shared=True) if keep and i == 0
                               else self._handed(k, latents, g, bounds[i], end))
         self._handed_out(busy)
         return True
+
+    def _head_of_last(self, frames: int) -> int:
+        """Frames of the head this lane keeps of a sentence of ``frames`` being handed out,
+        if it is the text's last: 0 to hand it out whole.
+
+        Handed out whole, the last sentence is all the helper has left to do, and this lane,
+        once through what it holds, waits for it: "Good morning. It is seven o'clock and
+        the coffee is ready." left this lane idle for the second sentence's 130 ms. So the
+        last sentence is cut where the lanes end together, each with its share of what is
+        left (this lane's own spans, the helpers' unfinished ones and this sentence), this
+        lane taking the head: it plays the head next, and the helpers begin the rest at
+        once. A cut costs each side the model's context at it, so a head under
+        ``MIN_PIECE`` is not worth one. Whether the sentence is the last is looked for
+        among the priors, which compute nothing until their parts are taken: a text
+        still arriving (``tts.compose.StepFeed``) has no next sentence until it comes."""
+        if self.helpers is None or self.pulled is not None or not self.more:
+            return 0
+        self.pulled = next(self.priors, None)
+        if self.pulled is not None:
+            return 0
+        here = helpers = 0
+        hop = self.model.config.hop_length
+        for span in self.spans:
+            limit = span.latents.frames if span.end is None else span.end
+            if span.helping is not None:
+                helpers += max(0, limit - span.start - span.received // hop)
+            elif not span.finished:
+                here += max(0, limit - (span.start if span.piece is None else span.piece.reached))
+        share = (here + helpers + frames) / self.helpers.lanes
+        head = round(share - here)
+        return head if head >= MIN_PIECE and frames - head >= MIN_PIECE else 0
 
     def _handed(self, sentence: int, latents: Latents, g: Tensor | None, start: int,
                 end: int | None) -> _Span:
