@@ -524,7 +524,8 @@ class _Lanes:
         if self.helpers is None or self.pulled is not None or not self.more:
             return 0
         self.pulled = next(self.priors, None)
-        if self.pulled is not None:
+        self.more = self.pulled is not None
+        if self.more:
             return 0
         here = helpers = 0
         hop = self.model.config.hop_length
