@@ -355,7 +355,7 @@ def test_the_next_sentence_is_not_computed_here_before_the_first_audio(
         monkeypatch: pytest.MonkeyPatch, free: bool) -> None:
     """A first sentence whose prior is whole at once is cut for the helpers before its
     first window. The next sentence's prior, which handing it out needs, is computed on
-    the sharing thread while that window is decoded when a core is free; else here, after
+    the sharing thread once that window is made when a core is free; else here, after
     the first audio (and after the second window, ``_Lanes._may_hand_out``). Either way,
     not on this thread before the first audio."""
     monkeypatch.setattr(sharing_module, "core_free", lambda: free)
@@ -381,6 +381,36 @@ def test_the_next_sentence_is_not_computed_here_before_the_first_audio(
         assert thread != main, taken
     else:
         assert thread == main and out_by_then >= 1, taken
+
+
+def test_a_played_sentences_next_prior_is_begun_once_its_first_window_is_made(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a listener waits for the first chunk, the next sentence's prior is computed on
+    the sharing thread after the first window, not beside it, where the two threads would
+    take turns on the interpreter's lock while the listener waits."""
+    monkeypatch.setattr(sharing_module, "core_free", lambda: True)
+    monkeypatch.setattr(lanes_module, "crowded", lambda: False)
+    model = random_model(VARIANTS["medium"])
+    torch.manual_seed(18)
+    windows: list[int] = []
+    step = pieces_module.Piece.step
+
+    def counted(self: pieces_module.Piece, upto: int, ahead: int = 0) -> None:
+        step(self, upto, ahead)
+        windows.append(upto)
+
+    monkeypatch.setattr(pieces_module.Piece, "step", counted)
+    taken: list[tuple[str, int]] = []  # the thread, and windows made by then
+
+    def priors() -> Iterator[Prior]:
+        for frames in (40, 80):  # the first too short to cut: the helper's core is idle
+            taken.append((threading.current_thread().name, len(windows)))
+            yield torch.randn(1, model.config.inter_channels, frames), None
+
+    list(decode_sentences(model, priors(), helpers=Inline(2)))
+    (_, before_first), (thread, before_next) = taken
+    assert before_first == 0
+    assert thread != threading.current_thread().name and before_next >= 1, taken
 
 
 def test_the_next_sentence_is_handed_out_once_its_prior_is_done_not_before(

@@ -128,6 +128,7 @@ class _Lanes:
         # The next sentence's prior, begun on the sharing thread (``_begin_next_prior``): what
         # waits for it, and where it lands (None: there was no next sentence).
         self.prior_ahead: tuple[Callable[[], None], list[_Whole | None]] | None = None
+        self.prior_after_window = False  # ... to be begun once the next window is made
         self.sample_rate = max(1, round(model.config.hop_length / pace.frame_seconds))
 
     # --- the playing lane -----------------------------------------------------------------
@@ -193,8 +194,10 @@ class _Lanes:
             span.intra, span.shared = self.helpers.lanes, True
         elif latents.complete:  # a short sentence's prior is whole already: share it now
             self._share_before_first_window(span)
-            if lend:
+            if lend and self.whole:
                 self._begin_next_prior()
+            else:
+                self.prior_after_window = lend
         return True
 
     def _share_before_first_window(self, span: _Span) -> None:
@@ -204,13 +207,19 @@ class _Lanes:
         self.hand_out_later = True
 
     def _begin_next_prior(self) -> None:
-        """Compute the next sentence's prior on the sharing thread while this one's first
-        window is decoded here. Handing that sentence out after the window needs it:
-        computed then, here, it stands between the first chunk and the second (tens of
-        milliseconds for a sentence of a few seconds, hundreds for a long one on a slow CPU,
-        against a first chunk of a tenth of a second of audio: a gap). Its noise is drawn in
-        order all the same: nothing else of this text draws any meanwhile (this sentence's
-        prior is whole)."""
+        """Compute the next sentence's prior on the sharing thread, the helpers' idle core,
+        while this lane decodes this one. Handing that sentence out after this one's first
+        window needs it: computed then, here, it stands between the first chunk and the
+        second (tens of milliseconds for a sentence of a few seconds, hundreds for a long one
+        on a slow CPU, against a first chunk of a tenth of a second of audio: a gap). Its
+        noise is drawn in order all the same: nothing else of this text draws any meanwhile
+        (this sentence's prior is whole).
+
+        Where a listener waits for the first chunk, it is begun once the first window is
+        made (``prior_after_window``), not before: the two threads take turns on the
+        interpreter's lock, and computed beside the first window it put the paragraph's
+        first audio 55 ms after the request rather than 37 (bench/README.md, "Measurements
+        behind the defaults")."""
         if not self.more or self.prior_ahead is not None:
             return
         priors = self.priors  # not ``self``: an abandoned text leaves no reference cycle
@@ -331,6 +340,9 @@ class _Lanes:
         with intra_op(span.intra if playing else 1):
             piece.step(end, ahead)
         self.pace.ran(piece.reached - before, self.pace.clock() - started)
+        if self.prior_after_window:
+            self.prior_after_window = False
+            self._begin_next_prior()
         if playing:
             self.planned = self.largest if self.whole else min(self.largest, 2 * size)
         chunks = list(piece.take())
