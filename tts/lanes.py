@@ -531,12 +531,14 @@ class _Lanes:
         lane taking the head: it plays the head next, and the helpers begin the rest at
         once. A cut costs each side the model's context at it, so a head under
         ``MIN_PIECE`` is not worth one. Whether the sentence is the last is looked for
-        among the priors, which compute nothing until their parts are taken: a text
-        still arriving (``tts.compose.StepFeed``) has no next sentence until it comes."""
-        if self.helpers is None or self.pulled is not None or not self.more:
+        among the priors, which compute nothing until their parts are taken, and wait for
+        nothing: of a text still arriving (``tts.compose.StepFeed``) they hold what has
+        come, and a sentence that comes later is rendered after this one."""
+        if self.helpers is None:
             return 0
-        self.pulled = next(self.priors, None)
-        self.more = self.pulled is not None
+        if self.more and self.pulled is None:
+            self.pulled = next(self.priors, None)
+            self.more = self.pulled is not None
         if self.more:
             return 0
         here = helpers = 0
