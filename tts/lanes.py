@@ -57,13 +57,13 @@ from .vits import Vits
 from .vits.model import PriorParts
 
 # Frames: a sentence is cut for helpers only into pieces at least this long (the context a
-# piece reads around it, 43 frames through the flow and 11 through the generator for a
-# medium voice, is paid again for every cut).
+# piece reads around it, 43 frames for a medium voice: 11 through the generator and 32
+# through the flow behind them, is paid again for every cut).
 MIN_PIECE = 48
 FLOW_AHEAD = 256  # frames the flow may run ahead of the generator at most
 # The last sentence of a text nobody plays before it is all made is short while it is at
-# most this many times the context a cut computes again (``dc + fc``, 54 frames for a medium
-# voice). Begun with the helpers idle, it is computed on intra-op threads rather than cut
+# most this many times the context a cut computes again (``dc + fc``, 43 frames for a medium
+# voice: 172 frames, 2 s of speech). Begun with the helpers idle, it is computed on intra-op threads rather than cut
 # for a helper: two threads within each operation gain ~1.6x over one, two pieces 2x less
 # the context, which the longer sentence pays for. Cut (no core was free), its flow is made
 # whole first (``_flowed``). A longer one's pieces each run the flow over their own frames:
