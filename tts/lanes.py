@@ -63,12 +63,13 @@ MIN_PIECE = 48
 FLOW_AHEAD = 256  # frames the flow may run ahead of the generator at most
 # The last sentence of a text nobody plays before it is all made is short while it is at
 # most this many times the context a cut computes again (``dc + fc``, 43 frames for a medium
-# voice: 172 frames, 2 s of speech). Begun with the helpers idle, it is computed on intra-op threads rather than cut
-# for a helper: two threads within each operation gain ~1.6x over one, two pieces 2x less
-# the context, which the longer sentence pays for. Cut (no core was free), its flow is made
-# whole first (``_flowed``). A longer one's pieces each run the flow over their own frames:
-# the flow shared over two threads gained only 0.9-1.3x over one at 208-543 frames (AVX2),
-# less than a cut's 43 frames of context cost, and the helper would idle until it was done.
+# voice: 172 frames, 2 s of speech). Begun with the helpers idle, it is computed on intra-op
+# threads rather than cut for a helper: two threads within each operation gain ~1.6x over
+# one, two pieces 2x less the context, which the longer sentence pays for. Cut (no core was
+# free), its flow is made whole first (``_flowed``). A longer one's pieces each run the flow
+# over their own frames: the flow shared over two threads gained only 0.9-1.3x over one at
+# 208-543 frames (AVX2), less than a cut's 43 frames of context cost, and the helper would
+# idle until it was done.
 SHORT_CONTEXTS = 4
 
 Prior = tuple[Tensor | Iterable[Tensor], Tensor | None]
