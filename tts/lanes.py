@@ -218,8 +218,8 @@ class _Lanes:
 
         Where a listener waits for the first chunk, it is begun once the first window is
         made (``prior_after_window``), not before: the two threads take turns on the
-        interpreter's lock, and computed beside the first window it put the paragraph's
-        first audio 55 ms after the request rather than 37 (bench/README.md, "Measurements
+        interpreter's lock, and computed beside the first window it put Wyoming's paragraph's
+        first audio 55 ms after the call rather than 43 (bench/README.md, "Measurements
         behind the defaults")."""
         if not self.more or self.prior_ahead is not None:
             return
@@ -532,8 +532,8 @@ class _Lanes:
         lane taking the head: it plays the head next, and the helpers begin the rest at
         once. A cut costs each side the model's context at it, so a head under
         ``MIN_PIECE`` is not worth one. Whether the sentence is the last is looked for
-        among the priors, which compute nothing until their parts are taken, and wait for
-        nothing: of a text still arriving (``tts.compose.StepFeed``) they hold what has
+        among the priors, which compute nothing of the model until their parts are taken,
+        and wait for nothing: of a text still arriving (``tts.compose.StepFeed``) they hold what has
         come, and a sentence that comes later is rendered after this one."""
         if self.helpers is None:
             return 0
