@@ -167,11 +167,10 @@ class _Lanes:
             # Enough for the first window, its look-ahead and a window after it: then the
             # sentence is known to go on past what the first window reads.
             latents.fill(2 * (self.largest if self.whole else self.first) + dc + fc + 1)
-        if self.whole and latents.complete and self.more and self.pulled is None:
+        if self.whole and latents.complete:
             # Its noise is all drawn: the next sentence may be looked for without changing
             # what it draws (and a whole text is all known: looking waits for nothing).
-            self.pulled = next(self.priors, None)
-            self.more = self.pulled is not None
+            self._look_ahead()
         if lend and not latents.complete:
             # The rest of a long sentence's prior (its durations: tens of milliseconds) is
             # computed on the helper's idle core while the first window is decoded here.
@@ -197,8 +196,8 @@ class _Lanes:
             self._share_before_first_window(span)
             if lend and self.whole:
                 self._begin_next_prior()
-            else:
-                self.prior_after_window = lend
+            elif lend:
+                self.prior_after_window = True
         return True
 
     def _share_before_first_window(self, span: _Span) -> None:
@@ -504,15 +503,16 @@ class _Lanes:
         # has run out; its head is kept here, to be decoded as the audio before it ends.
         keep = busy and frames >= 2 * MIN_PIECE
         head = 0 if keep else self._head_of_last(frames)
-        if head:
-            keep = True
-            n = 1 + max(1, min(self.helpers.lanes - 1, (frames - head) // MIN_PIECE))
-            bounds = [0] + [head + round(i * (frames - head) / (n - 1)) for i in range(n - 1)]
-            bounds.append(frames)
+        if head:  # the text's last: this lane's head, the rest in pieces for the helpers
+            rest = min(self.helpers.lanes - 1, (frames - head) // MIN_PIECE)
+            bounds = [0] + [head + round(i * (frames - head) / rest) for i in range(rest)]
         else:
             n = (min(self.helpers.lanes, frames // MIN_PIECE) if keep
                  else max(1, min(self.helpers.lanes - 1, frames // MIN_PIECE)))
-            bounds = [round(i * frames / n) for i in range(n)] + [frames]
+            bounds = [round(i * frames / n) for i in range(n)]
+        bounds.append(frames)
+        keep = keep or head > 0
+        n = len(bounds) - 1
         for i in range(n if frames else 0):
             end = None if i == n - 1 else bounds[i + 1]
             self.spans.append(_Span(k, latents, g, 0, end, shared=True) if keep and i == 0
@@ -531,16 +531,11 @@ class _Lanes:
         left (this lane's own spans, the helpers' unfinished ones and this sentence), this
         lane taking the head: it plays the head next, and the helpers begin the rest at
         once. A cut costs each side the model's context at it, so a head under
-        ``MIN_PIECE`` is not worth one. Whether the sentence is the last is looked for
-        among the priors, which compute nothing of the model until their parts are taken,
-        and wait for nothing: of a text still arriving (``tts.compose.StepFeed``) they hold what has
-        come, and a sentence that comes later is rendered after this one."""
-        if self.helpers is None:
-            return 0
-        if self.more and self.pulled is None:
-            self.pulled = next(self.priors, None)
-            self.more = self.pulled is not None
-        if self.more:
+        ``MIN_PIECE`` is not worth one. Whether the sentence is the last is looked for among
+        the priors (``_look_ahead``), which wait for nothing: of a text still arriving
+        (``tts.compose.StepFeed``) they hold what has come, and a sentence that comes later
+        is rendered after this one."""
+        if self.helpers is None or self._look_ahead():
             return 0
         here = helpers = 0
         hop = self.model.config.hop_length
@@ -553,6 +548,15 @@ class _Lanes:
         share = (here + helpers + frames) / self.helpers.lanes
         head = round(share - here)
         return head if head >= MIN_PIECE and frames - head >= MIN_PIECE else 0
+
+    def _look_ahead(self) -> bool:
+        """Whether a sentence follows those taken: its prior is pulled (``pulled``, which
+        ``_take_prior`` takes next) if it has not been, and computes nothing until its parts
+        are taken. Call once the sentences taken have drawn all their noise."""
+        if self.more and self.pulled is None:
+            self.pulled = next(self.priors, None)
+            self.more = self.pulled is not None
+        return self.more
 
     def _handed(self, sentence: int, latents: Latents, g: Tensor | None, start: int,
                 end: int | None) -> _Span:

@@ -52,11 +52,8 @@ def core_free() -> bool:
     process is (both parts, above). A helper at work holds a core too. Measured beside one
     busy process, the long sentence's first audio came 6 ms later shared than on one
     thread; with this check it came as on one thread."""
-    counts, lately = _runnable_counts(), _busy_lately()
-    if counts is None:
-        return True
-    helpers, others = counts
-    return helpers == 0 and not (others > 0 and lately)
+    reading = _reading()
+    return reading is None or (reading[0] == 0 and not reading[1])
 
 
 def crowded() -> bool:
@@ -64,8 +61,8 @@ def crowded() -> bool:
     processes, ``count_as_own``) is runnable now. Then a helper handed work shares the
     cores with it and with the lane that handed it the work, which slows that lane several
     times (``tts.pace.CROWDED``); a helper already at work does not, and does not count."""
-    counts, lately = _runnable_counts(), _busy_lately()
-    return counts is not None and counts[1] > 0 and lately
+    reading = _reading()
+    return reading is not None and reading[1]
 
 
 def count_as_own(pid: int, own: bool = True) -> None:
@@ -78,6 +75,17 @@ def count_as_own(pid: int, own: bool = True) -> None:
         else:
             _own_helpers.discard(pid)
         _samples.taken.clear()
+
+
+def _reading() -> tuple[int, bool] | None:
+    """Runnable threads of this herald's helper processes, and whether another process is
+    runnable (both parts, above); None where the counts cannot be read. Every reading takes
+    a sample."""
+    counts, lately = _runnable_counts(), _busy_lately()
+    if counts is None:
+        return None
+    helpers, others = counts
+    return helpers, others > 0 and lately
 
 
 def _runnable_counts() -> tuple[int, int] | None:
